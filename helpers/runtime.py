@@ -289,3 +289,48 @@ def quick() -> bool:
     Introduced in lab 01 (One GPU, One Model).
     """
     return os.environ.get("LABS_QUICK", "").lower() in {"1", "true", "yes"}
+
+
+# ------------------------------------------------------------------------------------------ paths
+COLAB_CLONE = "/content/llm-serving-labs"
+
+
+def repo_root() -> "Path":
+    """The labs' repository: ``$LABS_HOME``, else the checkout this package is installed from, else the
+    working directory or one above it (a notebook runs in labs/), else the Colab clone.
+
+    Introduced in lab 01 (One GPU, One Model).
+    """
+    from pathlib import Path
+
+    if os.environ.get("LABS_HOME"):
+        return Path(os.environ["LABS_HOME"])
+    here = Path(__file__).resolve().parent.parent
+    candidates = [here, Path.cwd(), Path.cwd().parent, Path(COLAB_CLONE)]
+    for c in candidates:
+        if (c / "labs").is_dir() and (c / "data").is_dir():
+            return c
+    raise FileNotFoundError(
+        "cannot find the labs repository (a folder with labs/ and data/). Run from the repository, "
+        "or set LABS_HOME to it."
+    )
+
+
+def data_dir() -> "Path":
+    """``data/`` in the repository: prompts, configs and eval sets that the labs ship.
+
+    Introduced in lab 01 (One GPU, One Model).
+    """
+    return repo_root() / "data"
+
+
+def reports_dir() -> "Path":
+    """Where phase artifacts go: ``$LABS_REPORTS``, else ``reports/`` in the repository (created).
+
+    Introduced in lab 05 (Where the Time Goes).
+    """
+    from pathlib import Path
+
+    d = Path(os.environ["LABS_REPORTS"]) if os.environ.get("LABS_REPORTS") else repo_root() / "reports"
+    d.mkdir(parents=True, exist_ok=True)
+    return d

@@ -66,6 +66,7 @@ __all__ = [
 #: This machine runs at most two vLLM servers at once (2 cores, 24 GiB); a third start is refused.
 MAX_SERVERS = int(os.environ.get("LABS_MAX_SERVERS", "2"))
 _LOOPBACK = {"127.0.0.1", "localhost", "::1"}
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
 # --------------------------------------------------------------------------------------- errors
@@ -569,7 +570,8 @@ class Server:
     @property
     def key(self) -> str:
         """Identity of this configuration: same key, same server (for reuse)."""
-        blob = json.dumps([self.python, self.model_path, self._args(), sorted(self.env.items()), self.host])
+        # The interpreter's folder identifies the environment (python vs python3 name the same one).
+        blob = json.dumps([os.path.dirname(os.path.abspath(self.python)), self.model_path, self._args(), sorted(self.env.items()), self.host])
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
     @property
@@ -660,7 +662,10 @@ class Server:
         cmd = [self.python, "-m", "vllm.entrypoints.openai.api_server", "--model", self.model_path,
                "--host", self.host, "--port", str(self.port), *self._args()]
         env = dict(os.environ)
-        env.update({"VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "PYTHONUNBUFFERED": "1"})
+        # Plain log lines (papermill kernels set FORCE_COLOR), no usage reporting, no buffering.
+        env.update({"VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "PYTHONUNBUFFERED": "1",
+                    "VLLM_LOGGING_COLOR": "0", "NO_COLOR": "1"})
+        env.pop("FORCE_COLOR", None)
         if Path(self.model_path).exists():
             env["HF_HUB_OFFLINE"] = "1"  # a local checkpoint never needs the hub
         env.update(self.env)
@@ -761,9 +766,10 @@ class Server:
 
     # -- what it says --------------------------------------------------------------------------
     def log_text(self) -> str:
+        """The server's whole log so far (ANSI colour codes removed)."""
         if not self.log_path or not self.log_path.exists():
             return ""
-        return self.log_path.read_text(errors="replace")
+        return _ANSI.sub("", self.log_path.read_text(errors="replace"))
 
     def log_tail(self, n: int = 20) -> str:
         return "\n".join(self.log_text().splitlines()[-n:])

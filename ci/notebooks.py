@@ -1,0 +1,105 @@
+"""Keep the lab notebooks to the house rules.
+
+    python ci/notebooks.py strip labs/*.ipynb   # drop outputs, keep cell tags, normalise metadata
+    python ci/notebooks.py check labs/*.ipynb   # fail if a notebook breaks the skeleton every lab follows
+
+The skeleton (see README "How a lab is built"): a title with a one-line promise and an Open-in-Colab badge;
+"What you will learn"; one setup cell; a cell tagged `parameters`; a check cell tagged `check`; "Exercises";
+a last code cell that stops the server. No outputs committed; no sys.path tricks.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+
+KERNELSPEC = {"display_name": "Python 3", "language": "python", "name": "python3"}
+NAME = re.compile(r"^(\d\d)_[a-z0-9_]+\.ipynb$")
+COLAB = "https://colab.research.google.com/github/"
+
+
+def _source(cell: dict) -> str:
+    src = cell.get("source", "")
+    return "".join(src) if isinstance(src, list) else src
+
+
+def strip(path: Path) -> bool:
+    """Remove outputs and execution counts, keep only cell tags; returns True if the file changed."""
+    before = path.read_text()
+    nb = json.loads(before)
+    for cell in nb["cells"]:
+        tags = cell.get("metadata", {}).get("tags")
+        cell["metadata"] = {"tags": tags} if tags else {}
+        if cell["cell_type"] == "code":
+            cell["outputs"] = []
+            cell["execution_count"] = None
+    nb["metadata"] = {"kernelspec": KERNELSPEC, "language_info": {"name": "python"}}
+    nb["nbformat"], nb["nbformat_minor"] = 4, 5
+    after = json.dumps(nb, indent=1, ensure_ascii=False) + "\n"
+    if after != before:
+        path.write_text(after)
+        return True
+    return False
+
+
+def check(path: Path) -> list[str]:
+    """Every way ``path`` breaks the house rules (empty when it follows them)."""
+    problems = []
+    try:
+        nb = json.loads(path.read_text())
+    except ValueError as e:
+        return [f"not valid JSON: {e}"]
+    cells = nb.get("cells", [])
+    code = [c for c in cells if c["cell_type"] == "code"]
+    md = "\n".join(_source(c) for c in cells if c["cell_type"] == "markdown")
+    if not NAME.match(path.name):
+        problems.append("name must be NN_slug.ipynb (lower case, underscores)")
+    if any(c.get("outputs") or c.get("execution_count") for c in code):
+        problems.append("outputs are committed: run `make strip`")
+    first = _source(cells[0]) if cells else ""
+    if not (cells and cells[0]["cell_type"] == "markdown" and first.lstrip().startswith("# ")):
+        problems.append("the first cell must be a markdown title ('# Lab NN — ...')")
+    if f"{COLAB}" not in first or f"labs/{path.name}" not in first:
+        problems.append("the title cell needs an Open-in-Colab badge pointing at this notebook")
+    if not re.search(r"^\*\*.+\*\*\s*$", first, re.M):
+        problems.append("the title cell needs a one-line promise in bold")
+    for heading in ("What you will learn", "Exercises"):
+        if not re.search(rf"^#+ .*{heading}", md, re.M):
+            problems.append(f"missing a '{heading}' section")
+    tags = [t for c in cells for t in c.get("metadata", {}).get("tags", [])]
+    if tags.count("parameters") != 1:
+        problems.append("exactly one cell must be tagged 'parameters'")
+    if "check" not in tags:
+        problems.append("the closing check cell must be tagged 'check'")
+    if code and not re.search(r"\.stop\(\)|stop_all\(", _source(code[-1])):
+        problems.append("the last code cell must stop the server")
+    for c in code:
+        if re.search(r"sys\.path\.(append|insert)|sys\.path\s*[+=]", _source(c)):
+            problems.append("a cell patches sys.path: import the installed helpers package instead")
+            break
+    if nb.get("metadata", {}).get("kernelspec", {}).get("name") != "python3":
+        problems.append("kernelspec must be python3: run `make strip`")
+    return problems
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) < 2 or argv[0] not in {"strip", "check"}:
+        print(__doc__)
+        return 2
+    cmd, paths = argv[0], [Path(p) for p in argv[1:]]
+    bad = 0
+    for p in paths:
+        if cmd == "strip":
+            if strip(p):
+                print(f"stripped {p}")
+        else:
+            for problem in check(p):
+                print(f"{p}: {problem}")
+                bad += 1
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

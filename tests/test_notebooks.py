@@ -1,0 +1,67 @@
+"""Every lab follows the skeleton (ci/notebooks.py check), and the checker itself catches what it should."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+LABS = sorted((ROOT / "labs").glob("*.ipynb"))
+
+
+def _load(name):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "ci" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+notebooks = _load("notebooks")
+run_sequence = _load("run_sequence")
+
+
+@pytest.mark.parametrize("path", LABS, ids=lambda p: p.name)
+def test_lab_follows_the_skeleton(path):
+    assert notebooks.check(path) == []
+
+
+def test_labs_are_numbered_in_syllabus_order_without_gaps():
+    numbers = [int(p.name[:2]) for p in LABS]
+    assert numbers == list(range(1, len(numbers) + 1))
+
+
+def test_checker_catches_outputs_missing_tags_and_sys_path(tmp_path):
+    good = json.loads(LABS[0].read_text())
+    bad = json.loads(json.dumps(good))
+    for cell in bad["cells"]:
+        cell["metadata"] = {}
+        if cell["cell_type"] == "code":
+            cell["outputs"] = [{"output_type": "stream", "name": "stdout", "text": "x"}]
+    bad["cells"][2]["source"] = "import sys; sys.path.append('..')"
+    path = tmp_path / "01_bad.ipynb"
+    path.write_text(json.dumps(bad))
+    problems = "\n".join(notebooks.check(path))
+    for expected in ("outputs are committed", "tagged 'parameters'", "tagged 'check'", "patches sys.path"):
+        assert expected in problems
+
+
+def test_strip_removes_outputs_and_keeps_tags(tmp_path):
+    nb = json.loads(LABS[0].read_text())
+    code = next(c for c in nb["cells"] if "parameters" in c["metadata"].get("tags", []))
+    code["outputs"] = [{"output_type": "stream", "name": "stdout", "text": "x"}]
+    code["execution_count"] = 3
+    code["metadata"]["collapsed"] = True
+    path = tmp_path / "01_x.ipynb"
+    path.write_text(json.dumps(nb))
+    assert notebooks.strip(path)
+    again = json.loads(path.read_text())
+    cell = next(c for c in again["cells"] if "parameters" in c["metadata"].get("tags", []))
+    assert cell["outputs"] == [] and cell["execution_count"] is None and cell["metadata"] == {"tags": ["parameters"]}
+    assert not notebooks.strip(path)  # idempotent
+
+
+def test_run_sequence_selects_labs_by_number():
+    labs = [Path(f"{n:02d}_x.ipynb") for n in range(1, 12)]
+    assert [p.name[:2] for p in run_sequence.select(labs, "01-03,09")] == ["01", "02", "03", "09"]
+    assert run_sequence.select(labs, None) == labs
