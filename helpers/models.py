@@ -22,7 +22,8 @@ import tempfile
 import time
 from pathlib import Path
 
-__all__ = ["cache_dir", "default_model", "default_model_dir", "find_gguf", "resolve", "DEFAULT_NAME"]
+__all__ = ["cache_dir", "default_model", "default_model_dir", "find_gguf", "random_checkpoint", "resolve",
+           "DEFAULT_NAME"]
 
 DEFAULT_NAME = "smollm2-135m-instruct"
 DEFAULT_SERVED_NAME = "smollm2"
@@ -141,6 +142,47 @@ def default_model(force: bool = False, quiet: bool = False) -> Path:
 
 
 _HF_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+def random_checkpoint(config: dict, name: str | None = None, seed: int = 0, dtype: str = "bfloat16") -> Path:
+    """A small model with random weights built from ``config`` (a Hugging Face config dict), with the default
+    model's tokenizer, saved as safetensors and cached by content. vLLM serves it like any checkpoint: the
+    text is noise, but memory, KV cache and timing are real, which is what an attention-design lab needs.
+
+    ``config`` must name ``architectures`` and ``model_type``; its ``vocab_size`` is set to the tokenizer's.
+
+    Introduced in lab 04 (GQA, MLA, Sliding Windows).
+    """
+    import hashlib
+
+    tokenizer_dir = default_model()
+    vocab = json.loads((tokenizer_dir / "config.json").read_text())["vocab_size"]
+    cfg = {k: v for k, v in config.items() if not k.startswith("_")}  # drop notes such as "_comment"
+    cfg["vocab_size"] = vocab
+    cfg.setdefault("bos_token_id", 1)
+    cfg.setdefault("eos_token_id", 2)
+    digest = hashlib.sha256(json.dumps([cfg, seed, dtype, _CONVERSION_VERSION], sort_keys=True).encode()).hexdigest()[:12]
+    out = cache_dir() / "models" / f"random-{name or cfg.get('model_type', 'model')}-{digest}"
+    if (out / "model.safetensors").is_file() or (out / "model.safetensors.index.json").is_file():
+        return out
+    with _lock(out.parent / f".{out.name}.lock"):
+        if (out / "model.safetensors").is_file():
+            return out
+        import torch
+        from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+        torch.manual_seed(seed)
+        hf_cfg = AutoConfig.for_model(**cfg)
+        model = AutoModelForCausalLM.from_config(hf_cfg, dtype=getattr(torch, dtype))
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
+        try:
+            model.save_pretrained(tmp, safe_serialization=True)
+            AutoTokenizer.from_pretrained(tokenizer_dir).save_pretrained(tmp)
+            tmp.rename(out)
+        finally:
+            if tmp.exists():
+                shutil.rmtree(tmp, ignore_errors=True)
+    return out
 
 
 def _looks_like_path(model: str) -> bool:

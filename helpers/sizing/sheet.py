@@ -1,0 +1,226 @@
+"""The Sizing Sheet: what the arithmetic predicts, next to what the server measured."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from .config import ModelConfig, load_config, normalize_dtype
+from .hardware import Hardware
+from .kv import kv_bytes_for_context, kv_bytes_per_token, vllm_kv_capacity
+from .params import param_count, resolved_weight_dtype, weight_bytes
+from .roofline import decode_step_time, prefill_time
+
+__all__ = ["Prediction", "SizingSheet", "predict_sheet"]
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """One row of the sheet: a predicted value, and the measured one once the lab has it.
+
+    ``error`` = (predicted - measured) / measured, ``None`` until measured (or when measured is 0).
+
+    Introduced in lab 05 (Where the Time Goes).
+    """
+
+    name: str
+    predicted: float
+    measured: float | None = None
+    unit: str = ""
+    source: str = ""
+
+    @property
+    def error(self) -> float | None:
+        if self.measured is None or self.measured == 0:
+            return None
+        return (self.predicted - self.measured) / self.measured
+
+
+def _fmt(value: float | None, unit: str) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return str(value)
+    if unit == "s":
+        return f"{value * 1e3:,.2f} ms" if abs(value) < 1 else f"{value:,.3f} s"
+    if unit == "x":
+        return f"{value:,.2f}x"
+    if float(value).is_integer() and abs(value) >= 1:
+        text = f"{int(value):,}"
+        if unit == "bytes" and value >= 2**20:
+            text += f" ({value / 2**30:,.2f} GiB)"
+        return text
+    return f"{value:,.4g}"
+
+
+@dataclass
+class SizingSheet:
+    """Predictions for one model on one machine at one context, with room for the measurements.
+
+    ``sheet.measure("kv_cache_tokens", srv.startup.kv_cache_tokens)`` fills a measured value;
+    ``sheet.within(0.10)`` lists the rows that miss by more than 10%; ``sheet.write("reports/")``
+    saves ``sizing_sheet.md`` and ``sizing_sheet.json``.
+
+    Introduced in lab 05 (Where the Time Goes).
+    """
+
+    model: str
+    hardware: str
+    context: int
+    weight_dtype: str
+    kv_dtype: str
+    rows: list[Prediction] = field(default_factory=list)
+    notes: str = ""
+
+    # ---------------------------------------------------------------- rows
+    def add(self, name: str, predicted: float, unit: str = "", source: str = "", measured: float | None = None
+            ) -> Prediction:
+        """Append (or replace) a row; returns it."""
+        row = Prediction(name, predicted, measured, unit, source)
+        self.rows = [r for r in self.rows if r.name != name] + [row]
+        return row
+
+    def __getitem__(self, name: str) -> Prediction:
+        for r in self.rows:
+            if r.name == name:
+                return r
+        raise KeyError(f"no row {name!r}; rows: {', '.join(r.name for r in self.rows)}")
+
+    def __contains__(self, name: object) -> bool:
+        return any(r.name == name for r in self.rows)
+
+    def measure(self, name: str, value: float, source: str | None = None) -> Prediction:
+        """Record the measured value of row ``name``."""
+        old = self[name]
+        new = dataclasses.replace(old, measured=value, source=source if source is not None else old.source)
+        self.rows = [new if r.name == name else r for r in self.rows]
+        return new
+
+    def within(self, tolerance: float) -> list[Prediction]:
+        """Rows whose measured value misses the prediction by more than ``tolerance`` (0.1 = 10%).
+
+        Rows not yet measured are not listed (see :meth:`unmeasured`)."""
+        return [r for r in self.rows if r.error is not None and abs(r.error) > tolerance]
+
+    def unmeasured(self) -> list[Prediction]:
+        return [r for r in self.rows if r.measured is None]
+
+    # ----------------------------------------------------------- rendering
+    def as_dict(self) -> dict[str, Any]:
+        """Plain data: header fields and rows (with their errors)."""
+        return {
+            "model": self.model, "hardware": self.hardware, "context": self.context,
+            "weight_dtype": self.weight_dtype, "kv_dtype": self.kv_dtype, "notes": self.notes,
+            "rows": [{**dataclasses.asdict(r), "error": r.error} for r in self.rows],
+        }
+
+    def to_json(self, indent: int = 2) -> str:
+        return json.dumps(self.as_dict(), indent=indent)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "SizingSheet":
+        """Rebuild a sheet from :meth:`as_dict` output (``error`` is recomputed, not read)."""
+        rows = [Prediction(r["name"], r["predicted"], r.get("measured"), r.get("unit", ""), r.get("source", ""))
+                for r in data.get("rows", [])]
+        return cls(model=data["model"], hardware=data["hardware"], context=int(data["context"]),
+                   weight_dtype=data["weight_dtype"], kv_dtype=data["kv_dtype"], rows=rows,
+                   notes=data.get("notes", ""))
+
+    @classmethod
+    def read(cls, path: str | Path) -> "SizingSheet":
+        """Load ``sizing_sheet.json`` (or a folder holding it)."""
+        p = Path(path)
+        if p.is_dir():
+            p = p / "sizing_sheet.json"
+        return cls.from_dict(json.loads(p.read_text()))
+
+    def to_markdown(self) -> str:
+        """A Markdown table: quantity, predicted, measured, error, source."""
+        lines = [
+            f"# Sizing Sheet: {self.model}",
+            "",
+            f"- hardware: {self.hardware}",
+            f"- context: {self.context:,} tokens",
+            f"- weights: {self.weight_dtype}, KV cache: {self.kv_dtype}",
+        ]
+        if self.notes:
+            lines.append(f"- notes: {self.notes}")
+        lines += ["", "| quantity | predicted | measured | error | source |", "|---|---:|---:|---:|---|"]
+        for r in self.rows:
+            err = "" if r.error is None else f"{r.error:+.1%}"
+            unit = f" ({r.unit})" if r.unit and r.unit not in ("s", "x") else ""
+            lines.append(f"| {r.name}{unit} | {_fmt(r.predicted, r.unit)} | {_fmt(r.measured, r.unit)} | {err} | "
+                         f"{r.source} |")
+        return "\n".join(lines) + "\n"
+
+    def write(self, directory: str | Path) -> tuple[Path, Path]:
+        """Write ``sizing_sheet.md`` and ``sizing_sheet.json`` into ``directory``; returns both paths."""
+        d = Path(directory)
+        d.mkdir(parents=True, exist_ok=True)
+        md, js = d / "sizing_sheet.md", d / "sizing_sheet.json"
+        md.write_text(self.to_markdown())
+        js.write_text(self.to_json() + "\n")
+        return md, js
+
+
+def predict_sheet(
+    cfg: "ModelConfig | Mapping[str, Any] | str",
+    hw: Hardware,
+    context: int,
+    kv_cache_bytes: int | None = None,
+    block_size: int | None = None,
+    batch: int = 1,
+    *,
+    prompt_tokens: int | None = None,
+    weight_dtype: str = "auto",
+    kv_dtype: str = "auto",
+    max_model_len: int | None = None,
+    tp: int = 1,
+    efficiency: float = 1.0,
+    max_num_batched_tokens: int = 2048,
+    concurrent_batches: int = 1,
+    model_name: str | None = None,
+) -> SizingSheet:
+    """Fill a :class:`SizingSheet` with predictions; the lab fills in what vLLM measured.
+
+    Rows: ``params_total``, ``params_active``, ``weight_bytes``, ``kv_bytes_per_token``,
+    ``kv_bytes_per_request`` (one sequence of ``context`` tokens), and when ``kv_cache_bytes`` and
+    ``block_size`` are given ``num_blocks``, ``kv_cache_tokens`` and ``max_concurrency`` (vLLM's
+    accounting with ``max_model_len``, default ``context``); ``ttft_s`` (prefill of ``prompt_tokens``,
+    default ``context``, at batch 1), ``decode_step_s`` and ``decode_tokens_per_s`` (``batch``
+    sequences at ``context``). Times are roofline ideals at ``efficiency`` of the peak.
+
+    Introduced in lab 05 (Where the Time Goes).
+    """
+    cfg = load_config(cfg)
+    wd, kd = normalize_dtype(weight_dtype), normalize_dtype(kv_dtype)
+    kd = cfg.dtype if kd == "auto" else kd
+    wb = weight_bytes(cfg, wd, strict=False)
+    sheet = SizingSheet(model=model_name or cfg.name, hardware=hw.name, context=int(context),
+                        weight_dtype=resolved_weight_dtype(cfg, wd), kv_dtype=kd)
+    p = param_count(cfg)
+    sheet.add("params_total", p.total, "params", "param_count")
+    sheet.add("params_active", p.active, "params", "param_count (top-k experts)")
+    sheet.add("weight_bytes", wb.total, "bytes", f"weight_bytes({sheet.weight_dtype})")
+    sheet.add("kv_bytes_per_token", kv_bytes_per_token(cfg, kd, tp=tp), "bytes", "kv_bytes_per_token (full layers)")
+    sheet.add("kv_bytes_per_request", kv_bytes_for_context(cfg, context, kd, tp=tp), "bytes",
+              f"kv_bytes_for_context({context})")
+    if kv_cache_bytes is not None and block_size is not None:
+        cap = vllm_kv_capacity(cfg, kv_cache_bytes, block_size, max_model_len or context, kd, tp,
+                               max_num_batched_tokens=max_num_batched_tokens, concurrent_batches=concurrent_batches)
+        src = f"vllm_kv_capacity(block {block_size}, max_model_len {cap.max_model_len})"
+        sheet.add("num_blocks", cap.num_blocks, "blocks", src)
+        sheet.add("kv_cache_tokens", cap.kv_cache_tokens, "tokens", src)
+        sheet.add("max_concurrency", cap.max_concurrency, "x", src)
+    prompt = prompt_tokens or context
+    pf = prefill_time(cfg, hw, prompt, weight_dtype=wd, kv_dtype=kd, efficiency=efficiency)
+    sheet.add("ttft_s", pf.time, "s", f"prefill_time({prompt} tokens), {pf.bound}-bound")
+    dec = decode_step_time(cfg, hw, batch, context, wd, kd, efficiency=efficiency)
+    sheet.add("decode_step_s", dec.time, "s", f"decode_step_time(batch {batch}), {dec.bound}-bound")
+    sheet.add("decode_tokens_per_s", dec.tokens_per_s, "tokens/s", f"batch {batch} / decode_step_s")
+    if efficiency != 1.0:
+        sheet.notes = f"times at {efficiency:.0%} of peak FLOP/s and bandwidth"
+    return sheet
