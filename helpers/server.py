@@ -56,6 +56,7 @@ __all__ = [
     "TooManyServers",
     "start",
     "stop_all",
+    "stop_owned",
     "list_servers",
     "parse_startup_log",
     "engine_cli",
@@ -446,6 +447,17 @@ def list_servers() -> list[str]:
     Introduced in lab 01 (One GPU, One Model).
     """
     return [r.describe() for r in _records() if r.alive]
+
+
+def stop_owned() -> int:
+    """Stop every server this Python process (this notebook's kernel) started. Returns how many.
+
+    Introduced in lab 04 (GQA, MLA, Sliding Windows).
+    """
+    owned = list(_OWNED)
+    for srv in owned:
+        srv.stop()
+    return len(owned)
 
 
 def stop_all(verbose: bool = True) -> int:
