@@ -1,0 +1,172 @@
+"""``python -m helpers.bench``: run a benchmark, summarize a saved run, compare two runs.
+
+::
+
+    python -m helpers.bench run --base-url http://127.0.0.1:8000/v1 --model smollm2 --endpoint chat \\
+        --profile poisson --rate 4 --num-requests 200 --input-len 256 --output-len 64 --warmup 8 \\
+        --seed 0 --out runs/poisson-4 --slo-ttft-ms 500
+    python -m helpers.bench summarize runs/poisson-4 --slo-ttft-ms 300
+    python -m helpers.bench compare runs/a runs/b --metric ttft --q 0.99
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+from typing import Sequence
+
+__all__ = ["main"]
+
+
+def _slo_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--slo-ttft-ms", type=float, default=None, help="SLO on time to first token (ms)")
+    p.add_argument("--slo-tpot-ms", type=float, default=None, help="SLO on time per output token (ms)")
+    p.add_argument("--slo-e2e-ms", type=float, default=None, help="SLO on end-to-end latency (ms)")
+
+
+def _slo(a: argparse.Namespace):
+    from .stats import SLO
+
+    slo = SLO(ttft_ms=a.slo_ttft_ms, tpot_ms=a.slo_tpot_ms, e2e_ms=a.slo_e2e_ms)
+    return slo if slo.is_set() else None
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m helpers.bench",
+                                description="Benchmark an OpenAI-compatible (vLLM) server honestly.")
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    r = sub.add_parser("run", help="run a benchmark and write DIR/requests.jsonl, summary.json, config.json")
+    r.add_argument("--base-url", required=True, help="OpenAI base URL ending in /v1")
+    r.add_argument("--model", default=None, help="served model name (default: the first in /v1/models)")
+    r.add_argument("--endpoint", choices=["chat", "completions"], default="chat")
+    r.add_argument("--tokenizer", default=None, help="tokenizer path or id (default: the embedded model); 'none' with --prompts: "
+                        "no expected token counts")
+    r.add_argument("--profile", choices=["synchronous", "concurrent", "constant", "poisson"], default="synchronous")
+    r.add_argument("--rate", type=float, default=None, help="requests/s (constant, poisson)")
+    r.add_argument("--concurrency", type=int, default=None, help="requests in flight (concurrent)")
+    r.add_argument("--max-in-flight", type=int, default=None,
+                   help="cap for open-loop profiles (the wait is recorded as client queue time)")
+    r.add_argument("--arrival-seed", type=int, default=None, help="seed of Poisson arrivals (default: --seed)")
+    r.add_argument("--num-requests", type=int, default=100)
+    r.add_argument("--input-len", type=int, default=256,
+                   help="prompt tokens (chat: of the user message; with --shared-prefix-len: the unique suffix)")
+    r.add_argument("--output-len", type=int, default=64, help="output tokens (fixed with min_tokens/ignore_eos)")
+    r.add_argument("--shared-prefix-len", type=int, default=None, help="tokens of a prefix shared by all prompts")
+    r.add_argument("--num-prefixes", type=int, default=1)
+    r.add_argument("--prompts", default=None, help="JSONL prompt file instead of synthetic prompts")
+    r.add_argument("--warmup", type=int, default=0, help="warmup requests (disjoint prompts, not counted)")
+    r.add_argument("--seed", type=int, default=0)
+    r.add_argument("--out", default=None, help="results folder (default runs/bench/<time>-<profile>)")
+    r.add_argument("--api-key", default=None)
+    r.add_argument("--timeout", type=float, default=600.0, help="seconds per request")
+    r.add_argument("--temperature", type=float, default=0.0)
+    r.add_argument("--no-vllm-extras", action="store_true", help="do not send min_tokens/ignore_eos")
+    r.add_argument("--no-server-metrics", action="store_true", help="do not scrape /metrics")
+    r.add_argument("--sample-interval", type=float, default=0.5, help="seconds between gauge samples")
+    r.add_argument("--no-progress", action="store_true")
+    r.add_argument("--json", action="store_true", help="print summary.json instead of the table")
+    _slo_args(r)
+
+    s = sub.add_parser("summarize", help="recompute and print the summary of a saved run")
+    s.add_argument("dir")
+    s.add_argument("--json", action="store_true")
+    _slo_args(s)
+
+    c = sub.add_parser("compare", help="does a quantile differ between two saved runs?")
+    c.add_argument("dir_a")
+    c.add_argument("dir_b")
+    c.add_argument("--metric", default="ttft", choices=["ttft", "tpot", "itl", "e2e", "client_queue"])
+    c.add_argument("--q", type=float, default=0.99)
+    return p
+
+
+def _masked(argv: Sequence[str]) -> str:
+    out, hide = [], False
+    for a in argv:
+        if hide:
+            out.append("$API_KEY")
+            hide = False
+            continue
+        if a == "--api-key":
+            hide = True
+        elif a.startswith("--api-key="):
+            a = "--api-key=$API_KEY"
+        out.append(a)
+    return " ".join(["python", "-m", "helpers.bench"] +
+                    [x if x.startswith(("$API_KEY", "--api-key=$")) else shlex.quote(x) for x in out])
+
+
+def _cmd_run(a: argparse.Namespace, argv: Sequence[str]) -> int:
+    from .profiles import make_profile
+    from .runner import run
+    from .workloads import FixedLength, FromJsonl, SharedPrefix
+
+    no_tokenizer = (a.tokenizer or "").lower() == "none"
+    if no_tokenizer and not a.prompts:
+        raise ValueError("synthetic prompts are built with the model's tokenizer; --tokenizer none only works "
+                         "with --prompts FILE")
+    if a.prompts:
+        spec = FromJsonl(path=a.prompts, endpoint=a.endpoint, tokenizer=False if no_tokenizer else a.tokenizer)
+    elif a.shared_prefix_len:
+        spec = SharedPrefix(prefix_len=a.shared_prefix_len, suffix_len=a.input_len, output_len=a.output_len,
+                            endpoint=a.endpoint, num_prefixes=a.num_prefixes, tokenizer=a.tokenizer)
+    else:
+        spec = FixedLength(input_len=a.input_len, output_len=a.output_len, endpoint=a.endpoint, tokenizer=a.tokenizer)
+    profile = make_profile(a.profile, rate=a.rate, concurrency=a.concurrency,
+                           seed=a.seed if a.arrival_seed is None else a.arrival_seed, max_in_flight=a.max_in_flight)
+    res = run(spec, profile, base_url=a.base_url, model=a.model, num_requests=a.num_requests, warmup=a.warmup,
+              seed=a.seed, out=a.out, api_key=a.api_key, timeout_s=a.timeout, temperature=a.temperature,
+              vllm_extras=not a.no_vllm_extras, slo=_slo(a), server_metrics=not a.no_server_metrics,
+              sample_interval_s=a.sample_interval, progress=not a.no_progress, command=_masked(argv))
+    if a.json:
+        print(json.dumps(res.summary.as_dict(), indent=2))
+    else:
+        print(res)
+        print(f"\nresults in {res.out_dir}")
+    return 0 if res.summary.completed else 1
+
+
+def _cmd_summarize(a: argparse.Namespace) -> int:
+    from .runner import load_run
+
+    res = load_run(a.dir, slo=_slo(a))
+    if a.json:
+        print(json.dumps(res.summary.as_dict(), indent=2))
+    else:
+        print(res)
+    return 0
+
+
+def _cmd_compare(a: argparse.Namespace) -> int:
+    from .stats import compare
+
+    print(compare(a.dir_a, a.dir_b, metric=a.metric, q=a.q))
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``python -m helpers.bench``.
+
+    Introduced in lab 02 (Prefill and Decode).
+    """
+    argv = list(sys.argv[1:] if argv is None else argv)
+    a = _parser().parse_args(argv)
+    try:
+        if a.cmd == "run":
+            return _cmd_run(a, argv)
+        if a.cmd == "summarize":
+            return _cmd_summarize(a)
+        return _cmd_compare(a)
+    except (ValueError, FileNotFoundError, RuntimeError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt as e:
+        print(f"\n{e or 'interrupted'}", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

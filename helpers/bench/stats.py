@@ -1,0 +1,560 @@
+"""From request records to a run's numbers: distributions with confidence intervals, the steady-state
+window, throughput, goodput under an SLO, and the comparison of two runs.
+
+Warmup records are never counted. Percentiles are over completed requests and every summary carries
+the failures next to them. Confidence intervals are bootstrap intervals, seeded, so the same records
+always give the same numbers.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+
+from .records import RequestResult
+
+__all__ = [
+    "Distribution",
+    "Window",
+    "SLO",
+    "Goodput",
+    "Summary",
+    "Comparison",
+    "summarize",
+    "steady_state_window",
+    "goodput",
+    "compare",
+    "metric_values",
+    "bootstrap_quantile",
+    "METRICS",
+]
+
+#: The latency metrics a summary describes, each in milliseconds.
+METRICS = ("ttft", "tpot", "itl", "e2e", "client_queue")
+_PCTS = (50, 90, 95, 99)
+_N_BOOT = 2000
+
+
+# ----------------------------------------------------------------------------------- bootstrap
+def bootstrap_quantile(values: Sequence[float] | np.ndarray, q: float, n_boot: int = _N_BOOT,
+                       seed: int = 0) -> np.ndarray:
+    """``n_boot`` bootstrap replicates of the ``q`` quantile of ``values`` (numpy's linear method).
+
+    Resampling n values with replacement and taking a quantile only ever needs two order statistics
+    of the resample. Their indices are drawn directly: the k-th smallest of n uniform indices is
+    ``floor(n * U)`` with ``U ~ Beta(k, n - k + 1)`` and the next one is ``U + (1 - U) * Beta(1, n - k)``.
+    This is the ordinary bootstrap, exactly, in O(n_boot) time even for 10^5 token latencies.
+
+    Introduced in lab 10 (Load Testing Honestly).
+    """
+    x = np.sort(np.asarray(values, dtype=float))
+    n = len(x)
+    if n == 0:
+        return np.full(n_boot, np.nan)
+    if n == 1:
+        return np.full(n_boot, x[0])
+    rng = np.random.default_rng(seed)
+    h = (n - 1) * q
+    lo = int(math.floor(h))
+    frac = h - lo
+    k = lo + 1  # 1-based rank of the lower order statistic
+    u = rng.beta(k, n - k + 1, size=n_boot)
+    v = x[np.minimum((u * n).astype(np.int64), n - 1)]
+    if frac > 0 and k < n:
+        u2 = u + (1.0 - u) * rng.beta(1, n - k, size=n_boot)
+        v = v + frac * (x[np.minimum((u2 * n).astype(np.int64), n - 1)] - v)
+    return v
+
+
+def _ci(boot: np.ndarray) -> tuple[float, float] | None:
+    if boot.size == 0 or np.isnan(boot).all():
+        return None
+    lo, hi = np.percentile(boot, [2.5, 97.5])
+    return (float(lo), float(hi))
+
+
+@dataclass
+class Distribution:
+    """Mean, spread and percentiles of one metric, with bootstrap 95% CIs for p50 and p99.
+
+    Introduced in lab 10 (Load Testing Honestly).
+    """
+
+    count: int = 0
+    mean: float | None = None
+    std: float | None = None
+    min: float | None = None
+    max: float | None = None
+    p50: float | None = None
+    p90: float | None = None
+    p95: float | None = None
+    p99: float | None = None
+    p50_ci: tuple[float, float] | None = None
+    p99_ci: tuple[float, float] | None = None
+
+    @classmethod
+    def of(cls, values: Iterable[float], seed: int = 0, n_boot: int = _N_BOOT) -> "Distribution":
+        x = np.asarray([v for v in values if v is not None], dtype=float)
+        if x.size == 0:
+            return cls()
+        p = np.percentile(x, _PCTS)
+        return cls(
+            count=int(x.size), mean=float(x.mean()), std=float(x.std(ddof=1)) if x.size > 1 else 0.0,
+            min=float(x.min()), max=float(x.max()),
+            p50=float(p[0]), p90=float(p[1]), p95=float(p[2]), p99=float(p[3]),
+            p50_ci=_ci(bootstrap_quantile(x, 0.50, n_boot, seed)),
+            p99_ci=_ci(bootstrap_quantile(x, 0.99, n_boot, seed + 1)),
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        for key in ("p50_ci", "p99_ci"):
+            d[key] = list(d[key]) if d[key] is not None else None
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Distribution":
+        d = dict(d)
+        for key in ("p50_ci", "p99_ci"):
+            if d.get(key) is not None:
+                d[key] = tuple(d[key])
+        return cls(**{k: v for k, v in d.items() if k in cls.__dataclass_fields__})
+
+
+# -------------------------------------------------------------------------------------- values
+def _measured(records: Iterable[RequestResult]) -> list[RequestResult]:
+    return [r for r in records if not r.warmup]
+
+
+def metric_values(records: Iterable[RequestResult], metric: str) -> list[float]:
+    """The values (ms) of ``metric`` over the completed, non-warmup requests.
+
+    ``metric`` is ``ttft``, ``tpot``, ``itl``, ``e2e`` or ``client_queue`` (a ``_ms`` suffix is
+    accepted). ITL is pooled: one value per output token after the first, across all requests.
+    Client queue time covers failed requests too (they waited as well).
+
+    Introduced in lab 10 (Load Testing Honestly).
+    """
+    m = metric.removesuffix("_ms")
+    if m not in METRICS:
+        raise ValueError(f"unknown metric {metric!r}; choose one of {', '.join(METRICS)}")
+    rs = _measured(records)
+    if m == "itl":
+        return [v for r in rs if r.ok for v in r.itl_ms]
+    if m == "client_queue":
+        return [r.client_queue_ms for r in rs if r.client_queue_ms is not None]
+    return [v for r in rs if r.ok and (v := getattr(r, f"{m}_ms")) is not None]
+
+
+# -------------------------------------------------------------------------------------- window
+@dataclass
+class Window:
+    """The span of a run that throughput is divided by, in ``perf_counter`` seconds.
+
+    ``method`` is ``"steady-state"`` or ``"whole-span"`` (the fallback, explained in ``note``).
+    ``offset_s`` and ``end_offset_s`` are relative to the first dispatch.
+
+    Introduced in lab 10 (Load Testing Honestly).
+    """
+
+    start: float
+    end: float
+    method: str
+    note: str = ""
+    origin: float = 0.0  # first dispatch
+
+    @property
+    def duration_s(self) -> float:
+        return max(self.end - self.start, 0.0)
+
+    def contains(self, t: float | None) -> bool:
+        return t is not None and self.start <= t <= self.end
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"method": self.method, "start_offset_s": self.start - self.origin,
+                "end_offset_s": self.end - self.origin, "duration_s": self.duration_s, "note": self.note}
+
+
+#: A steady-state window must hold at least this many completions, and this share of them.
+MIN_WINDOW_COMPLETIONS = 10
+MIN_WINDOW_SHARE = 0.2
+
+
+def steady_state_window(records: Iterable[RequestResult]) -> Window | None:
+    """The steady-state window of a run: ``[first dispatch + median E2E, last dispatch]``.
+
+    Let ``d0``/``d1`` be the first and last dispatch of the measured requests (completed or failed) and
+    ``m`` the median E2E of the completed ones. Before ``d0 + m`` the server is still filling up (the
+    first requests have not yet been replaced by later ones); after ``d1`` nothing new arrives and the
+    server drains. Inside the window a request counts when it *ends* in it (request throughput,
+    goodput), a token counts when its chunk *arrives* in it (output throughput) and a prompt counts
+    when its first token arrives in it (input throughput): rates, not totals divided by a longer span.
+
+    When that window holds fewer than ``MIN_WINDOW_COMPLETIONS`` completions or fewer than
+    ``MIN_WINDOW_SHARE`` of them (short runs, closed-loop runs of about ``concurrency`` requests, or a
+    saturated server whose E2E outgrows the run), the whole span ``[d0, last end]`` is used and
+    ``note`` says why. ``None`` when nothing was dispatched.
+
+    Introduced in lab 10 (Load Testing Honestly).
+    """
+    rs = [r for r in _measured(records) if r.timings.t_dispatched is not None]
+    if not rs:
+        return None
+    d0 = min(r.timings.t_dispatched for r in rs)
+    d1 = max(r.timings.t_dispatched for r in rs)
+    ends = [r.timings.t_end for r in rs if r.timings.t_end is not None]
+    last_end = max(ends) if ends else d1
+    done = [r for r in rs if r.ok and r.e2e_ms is not None]
+    whole = Window(start=d0, end=max(last_end, d0), method="whole-span", origin=d0)
+    if not done:
+        whole.note = "no request completed: the whole span is used"
+        return whole
+    m = float(np.median([r.e2e_ms for r in done])) / 1000.0
+    w = Window(start=d0 + m, end=d1, method="steady-state", origin=d0,
+               note=f"first dispatch + median E2E ({m * 1000:.0f} ms) to last dispatch")
+    inside = sum(1 for r in done if w.contains(r.timings.t_end))
+    need = max(MIN_WINDOW_COMPLETIONS, math.ceil(MIN_WINDOW_SHARE * len(done)))
+    if w.duration_s <= 0 or inside < need:
+        whole.note = (f"steady-state window [first dispatch + median E2E, last dispatch] holds {inside} of "
+                      f"{len(done)} completions (< {need}): too short, so the whole span "
+                      "(first dispatch to last end, ramp-up and drain included) is used")
+        return whole
+    return w
+
+
+# --------------------------------------------------------------------------------- SLO, goodput
+@dataclass(frozen=True)
+class SLO:
+    """Service-level objectives per request, in milliseconds; ``None`` means not constrained.
+
+    A request meets the SLO when it completed and every set bound holds. A request with fewer than
+    two output tokens has no TPOT and meets any TPOT bound.
+
+    Introduced in lab 11 (Latency, Throughput, Goodput).
+    """
+
+    ttft_ms: float | None = None
+    tpot_ms: float | None = None
+    e2e_ms: float | None = None
+
+    def met(self, r: RequestResult) -> bool:
+        if not r.ok:
+            return False
+        for name in ("ttft_ms", "tpot_ms", "e2e_ms"):
+            bound = getattr(self, name)
+            if bound is None:
+                continue
+            value = getattr(r, name)
+            if value is None:
+                if name == "tpot_ms":
+                    continue
+                return False
+            if value > bound:
+                return False
+        return True
+
+    def is_set(self) -> bool:
+        return any(v is not None for v in (self.ttft_ms, self.tpot_ms, self.e2e_ms))
+
+    def as_dict(self) -> dict[str, float | None]:
+        return asdict(self)
+
+    def __str__(self) -> str:
+        parts = [f"{k.removesuffix('_ms').upper()} <= {v:g} ms" for k, v in asdict(self).items() if v is not None]
+        return " and ".join(parts) if parts else "no SLO"
+
+
+@dataclass
+class Goodput:
+    """Requests that met the SLO, per second of the steady-state window, and as a share of all requests.
+
+    Introduced in lab 11 (Latency, Throughput, Goodput).
+    """
+
+    slo: SLO
+    good: int
+    good_in_window: int
+    completed: int
+    failed: int
+    window_s: float
+    goodput_rps: float | None
+    fraction_good: float | None
+
+    def as_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["slo"] = self.slo.as_dict()
+        return d
+
+
+def _records_of(records_or_run: Any) -> list[RequestResult]:
+    if isinstance(records_or_run, (str, Path)):
+        from .runner import load_run
+
+        return load_run(records_or_run).records
+    if hasattr(records_or_run, "records"):
+        return list(records_or_run.records)
+    return list(records_or_run)
+
+
+def goodput(records_or_run: Any, slo: SLO) -> Goodput:
+    """Goodput under ``slo``: requests meeting every set bound that end in the window, per second.
+
+    Accepts a :class:`~helpers.bench.runner.RunResult`, a list of records, or a run's folder, so a
+    saved run can be judged against a new SLO without running it again.
+
+    Introduced in lab 11 (Latency, Throughput, Goodput).
+    """
+    rs = _measured(_records_of(records_or_run))
+    win = steady_state_window(rs)
+    good = [r for r in rs if slo.met(r)]
+    in_win = [r for r in good if win is not None and win.contains(r.timings.t_end)]
+    completed = sum(1 for r in rs if r.ok)
+    failed = len(rs) - completed
+    dur = win.duration_s if win else 0.0
+    return Goodput(slo=slo, good=len(good), good_in_window=len(in_win), completed=completed, failed=failed,
+                   window_s=dur, goodput_rps=(len(in_win) / dur) if dur > 0 else None,
+                   fraction_good=(len(good) / len(rs)) if rs else None)
+
+
+# ------------------------------------------------------------------------------------- summary
+@dataclass
+class Summary:
+    """A run in numbers. Warmup excluded; percentiles over completed requests, failures beside them.
+
+    ``duration_s`` is the steady-state window that the throughputs are divided by (see
+    :func:`steady_state_window`); ``total_duration_s`` runs from the first dispatch to the last end.
+    ``total_output_throughput`` is output tokens over the whole span: the number a naive tool prints.
+
+    Introduced in lab 02 (Prefill and Decode).
+    """
+
+    completed: int
+    failed: int
+    errors: dict[str, int]
+    duration_s: float
+    total_duration_s: float
+    window: Window | None
+    request_throughput: float | None
+    output_throughput: float | None
+    input_throughput: float | None
+    total_output_throughput: float | None
+    achieved_rate: float | None
+    ttft_ms: Distribution
+    tpot_ms: Distribution
+    itl_ms: Distribution
+    e2e_ms: Distribution
+    client_queue_ms: Distribution
+    input_tokens: dict[str, Any]
+    output_tokens: dict[str, Any]
+    goodput: Goodput | None = None
+    warnings: list[str] = field(default_factory=list)
+    server: dict[str, Any] | None = None
+    client: dict[str, Any] | None = None
+
+    @property
+    def failure_rate(self) -> float:
+        n = self.completed + self.failed
+        return self.failed / n if n else 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {
+            "completed": self.completed, "failed": self.failed, "failure_rate": self.failure_rate,
+            "errors": self.errors,
+            "duration_s": self.duration_s, "total_duration_s": self.total_duration_s,
+            "window": self.window.as_dict() if self.window else None,
+            "request_throughput": self.request_throughput, "output_throughput": self.output_throughput,
+            "input_throughput": self.input_throughput, "total_output_throughput": self.total_output_throughput,
+            "achieved_rate": self.achieved_rate,
+        }
+        for m in METRICS:
+            d[f"{m}_ms"] = getattr(self, f"{m}_ms").as_dict()
+        d["input_tokens"], d["output_tokens"] = self.input_tokens, self.output_tokens
+        d["goodput"] = self.goodput.as_dict() if self.goodput else None
+        d["warnings"] = list(self.warnings)
+        d["server"] = self.server
+        d["client"] = self.client
+        return d
+
+    def table(self) -> str:
+        """A plain-text report: counts, window, throughput, then one line per latency metric."""
+        n = self.completed + self.failed
+        lines = [f"requests: {self.completed} completed, {self.failed} failed ({self.failure_rate:.1%}) of {n}"]
+        for msg, count in sorted(self.errors.items(), key=lambda kv: -kv[1]):
+            lines.append(f"  {count} x {msg}")
+        if self.window is not None:
+            lines.append(f"window: {self.duration_s:.2f} s {self.window.method} ({self.window.note}); "
+                         f"whole run {self.total_duration_s:.2f} s")
+        lines.append(f"throughput: {_f(self.request_throughput, '.2f')} req/s, "
+                     f"{_f(self.output_throughput, '.1f')} output tok/s, {_f(self.input_throughput, '.1f')} input "
+                     f"tok/s (whole span: {_f(self.total_output_throughput, '.1f')} output tok/s)")
+        if self.goodput is not None:
+            g = self.goodput
+            lines.append(f"goodput ({g.slo}): {_f(g.goodput_rps, '.2f')} req/s; {g.good} of "
+                         f"{g.completed + g.failed} requests met it ({_f(g.fraction_good, '.1%')})")
+        lines.append(f"{'ms':<13}{'mean':>9}{'p50':>9}{'p90':>9}{'p95':>9}{'p99':>9}   {'p99 95% CI':<19}{'n':>7}")
+        for m in METRICS:
+            dist: Distribution = getattr(self, f"{m}_ms")
+            ci = f"[{dist.p99_ci[0]:.1f}, {dist.p99_ci[1]:.1f}]" if dist.p99_ci else "-"
+            lines.append(f"{m:<13}{_f(dist.mean)}{_f(dist.p50)}{_f(dist.p90)}{_f(dist.p95)}{_f(dist.p99)}   "
+                         f"{ci:<19}{dist.count:>7}")
+        if self.failed:
+            lines.append(f"percentiles are over the {self.completed} completed requests; the {self.failed} failed "
+                         "ones are not in them (see goodput).")
+        for w in self.warnings:
+            lines.append(f"warning: {w}")
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.table()
+
+
+def _f(v: float | None, spec: str = "9.1f") -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        width = int(spec.split(".")[0]) if spec[0].isdigit() else 0
+        return "-".rjust(width)
+    return format(v, spec)
+
+
+def _token_report(rs: list[RequestResult], kind: str) -> tuple[dict[str, Any], str | None]:
+    done = [r for r in rs if r.ok]
+    if kind == "input":
+        pairs = [(r.id, r.expected_input_tokens, r.input_tokens) for r in done]
+    else:
+        pairs = [(r.id, r.expected_output_tokens, r.output_tokens) for r in done]
+    actual = [a for _, _, a in pairs if a is not None]
+    expected = [e for _, e, _ in pairs if e is not None]
+    both = [(i, e, a) for i, e, a in pairs if e is not None and a is not None]
+    mismatched = [(i, e, a) for i, e, a in both if e != a]
+    report = {
+        "total": int(sum(actual)), "mean": float(np.mean(actual)) if actual else None,
+        "expected_mean": float(np.mean(expected)) if expected else None,
+        "checked": len(both), "mismatched": len(mismatched),
+    }
+    warning = None
+    if mismatched:
+        i, e, a = mismatched[0]
+        common = Counter((e, a) for _, e, a in mismatched).most_common(1)[0]
+        warning = (f"{kind} tokens: the server's count differs from the expected one for {len(mismatched)} of "
+                   f"{len(both)} completed requests (e.g. request {i}: expected {e}, server counted {a}; most "
+                   f"common: expected {common[0][0]}, server {common[0][1]}, {common[1]} times)")
+    return report, warning
+
+
+def summarize(records: Iterable[RequestResult], slo: SLO | None = None, seed: int = 0) -> Summary:
+    """Summarize request records (warmup ones are ignored): see :class:`Summary` for each number.
+
+    Introduced in lab 02 (Prefill and Decode).
+    """
+    rs = _measured(records)
+    done = [r for r in rs if r.ok]
+    failed = [r for r in rs if not r.ok]
+    errors = Counter(_error_key(r) for r in failed)
+    win = steady_state_window(rs)
+    warnings: list[str] = []
+    dur = win.duration_s if win else 0.0
+    if win is not None and win.method == "whole-span" and rs:
+        warnings.append(f"throughput window: {win.note}")
+    total = (win.end - win.origin) if win else 0.0
+    if win is not None:
+        last_end = max((r.timings.t_end for r in rs if r.timings.t_end is not None), default=win.origin)
+        total = max(last_end - win.origin, 0.0)
+    req_in = sum(1 for r in done if win is not None and win.contains(r.timings.t_end))
+    tok_in = sum(k for r in done for t, k in zip(r.timings.chunk_times, r.timings.chunk_tokens)
+                 if win is not None and win.contains(t))
+    inp_in = sum(r.input_tokens or 0 for r in done if win is not None and win.contains(r.timings.t_first_token))
+    out_total = sum(r.streamed_tokens for r in done)
+    disp = sorted(r.timings.t_dispatched for r in rs if r.timings.t_dispatched is not None)
+    achieved = (len(disp) - 1) / (disp[-1] - disp[0]) if len(disp) > 1 and disp[-1] > disp[0] else None
+    in_rep, in_warn = _token_report(rs, "input")
+    out_rep, out_warn = _token_report(rs, "output")
+    warnings += [w for w in (in_warn, out_warn) if w]
+    estimated = [r for r in done if not r.tokens_exact]
+    if estimated:
+        warnings.append(f"{len(estimated)} completed requests came without per-chunk usage "
+                        "(continuous_usage_stats): each non-empty chunk was counted as one token, so ITL and "
+                        "token timestamps are estimates (TPOT still uses the server's final count)")
+    streamed_off = [r for r in done if r.tokens_exact and r.output_tokens is not None
+                    and r.output_tokens != r.streamed_tokens]
+    if streamed_off:
+        r = streamed_off[0]
+        warnings.append(f"{len(streamed_off)} requests streamed a different number of tokens than their final usage "
+                        f"(e.g. {r.id}: {r.streamed_tokens} streamed, usage {r.output_tokens})")
+    s = Summary(
+        completed=len(done), failed=len(failed), errors=dict(errors),
+        duration_s=dur, total_duration_s=total, window=win,
+        request_throughput=req_in / dur if dur > 0 else None,
+        output_throughput=tok_in / dur if dur > 0 else None,
+        input_throughput=inp_in / dur if dur > 0 else None,
+        total_output_throughput=out_total / total if total > 0 else None,
+        achieved_rate=achieved,
+        ttft_ms=Distribution.of(metric_values(rs, "ttft"), seed),
+        tpot_ms=Distribution.of(metric_values(rs, "tpot"), seed),
+        itl_ms=Distribution.of(metric_values(rs, "itl"), seed),
+        e2e_ms=Distribution.of(metric_values(rs, "e2e"), seed),
+        client_queue_ms=Distribution.of(metric_values(rs, "client_queue"), seed),
+        input_tokens=in_rep, output_tokens=out_rep,
+        goodput=goodput(rs, slo) if slo is not None and slo.is_set() else None,
+        warnings=warnings,
+    )
+    return s
+
+
+def _error_key(r: RequestResult) -> str:
+    msg = (r.error or "unknown error").strip().splitlines()[0][:200]
+    return f"HTTP {r.http_status}: {msg}" if r.http_status and r.http_status != 200 else msg
+
+
+# ------------------------------------------------------------------------------------- compare
+@dataclass
+class Comparison:
+    """The difference ``b - a`` of a quantile of one metric between two runs, with a bootstrap 95% CI.
+
+    ``differ`` is True when the interval excludes zero.
+
+    Introduced in lab 10 (Load Testing Honestly).
+    """
+
+    metric: str
+    q: float
+    a: float
+    b: float
+    diff: float
+    ci: tuple[float, float]
+    differ: bool
+    n_a: int
+    n_b: int
+
+    @property
+    def relative(self) -> float | None:
+        return self.diff / self.a if self.a else None
+
+    def __str__(self) -> str:
+        verdict = "they differ" if self.differ else "no clear difference"
+        rel = f" ({self.relative:+.1%})" if self.relative is not None else ""
+        return (f"{self.metric} p{self.q * 100:g}: {self.a:.1f} -> {self.b:.1f} ms, difference {self.diff:+.1f} ms"
+                f"{rel}, 95% CI [{self.ci[0]:+.1f}, {self.ci[1]:+.1f}]: {verdict}")
+
+
+def compare(run_a: Any, run_b: Any, metric: str = "ttft", q: float = 0.99, n_boot: int = 10000,
+            seed: int = 0) -> Comparison:
+    """Do two runs really differ in the ``q`` quantile of ``metric``? Bootstrap both, difference ``b - a``.
+
+    ``run_a``/``run_b`` are runs, record lists or run folders. The runs are resampled independently.
+
+    Introduced in lab 10 (Load Testing Honestly).
+    """
+    xa = metric_values(_records_of(run_a), metric)
+    xb = metric_values(_records_of(run_b), metric)
+    if not xa or not xb:
+        raise ValueError(f"cannot compare {metric}: run a has {len(xa)} values, run b has {len(xb)}; "
+                         "each needs completed requests")
+    a, b = float(np.percentile(xa, q * 100)), float(np.percentile(xb, q * 100))
+    boot = bootstrap_quantile(xb, q, n_boot, seed + 1) - bootstrap_quantile(xa, q, n_boot, seed)
+    lo, hi = np.percentile(boot, [2.5, 97.5])
+    return Comparison(metric=metric.removesuffix("_ms"), q=q, a=a, b=b, diff=b - a, ci=(float(lo), float(hi)),
+                      differ=bool(lo > 0 or hi < 0), n_a=len(xa), n_b=len(xb))

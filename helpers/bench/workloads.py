@@ -1,0 +1,425 @@
+"""Workloads: the prompts a benchmark sends, with their exact token counts.
+
+Prompts are built with the served model's own tokenizer (``transformers.AutoTokenizer`` from a local
+path; by default the embedded model's), from words of its vocabulary drawn with a seeded RNG, then
+re-encoded and adjusted until the count is exact. Nothing is downloaded at run time.
+
+- For ``/v1/completions`` the prompt is exactly ``input_len`` tokens as the server counts them
+  (special tokens such as a BOS included).
+- For ``/v1/chat/completions`` the user message holds ``input_len`` tokens and the expected
+  ``prompt_tokens`` adds the chat template's overhead (measured with ``apply_chat_template``).
+
+Warmup requests come from a different seed and start with a different prefix, so they never put
+blocks of a measured prompt into the prefix cache. A spec (``FixedLength``, ``SharedPrefix``,
+``FromJsonl``) builds a :class:`Workload` of any size with ``spec.build(n, seed=..., warmup=...)``;
+runs of a sweep use different seeds, so one run never warms the cache for the next.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from .records import Request
+
+__all__ = [
+    "Workload",
+    "WorkloadSpec",
+    "FixedLength",
+    "SharedPrefix",
+    "FromJsonl",
+    "TokenCounter",
+    "load_tokenizer",
+    "token_counter",
+    "SAMPLE_CHAT",
+]
+
+#: ~50 varied chat prompts written for the labs (``{"messages": [...], "output_len": N}`` per line).
+def _data_dir() -> Path:
+    from .. import runtime
+
+    try:
+        return runtime.data_dir()
+    except FileNotFoundError:
+        return Path(__file__).resolve().parents[2] / "data"
+
+
+SAMPLE_CHAT = _data_dir() / "prompts" / "sample_chat.jsonl"
+
+_WARMUP_SEED_SALT = 0x5741524D  # "WARM": warmup prompts come from their own random stream
+_WARMUP_PREFIX = "Warmup only, do not cache. "
+_WORD = re.compile(r"^[a-z]{3,10}$")
+
+
+# ------------------------------------------------------------------------------------ tokenizer
+def _default_tokenizer_path() -> str:
+    from .. import models
+
+    return str(models.default_model(quiet=True))
+
+
+@functools.lru_cache(maxsize=8)
+def load_tokenizer(path: str | None = None):
+    """The served model's tokenizer (``transformers.AutoTokenizer``), cached per path.
+
+    ``path`` is a local checkpoint folder (default: the embedded model, ``helpers.models.default_model()``)
+    or a Hugging Face id.
+
+    Introduced in lab 02 (Prefill and Decode).
+    """
+    try:
+        from transformers import AutoTokenizer
+    except ImportError as e:  # pragma: no cover - vLLM brings transformers
+        raise ImportError("building workloads needs `transformers` (vLLM installs it; else "
+                          "`pip install transformers`)") from e
+    path = path or _default_tokenizer_path()
+    local = Path(path).expanduser()
+    if local.exists():
+        return AutoTokenizer.from_pretrained(str(local), local_files_only=True)
+    return AutoTokenizer.from_pretrained(path)
+
+
+class TokenCounter:
+    """Counts tokens the way vLLM does, and draws vocabulary words to write prompts with.
+
+    ``completion(text)``: ``len(encode(text, add_special_tokens=True))`` (what ``/v1/completions``
+    counts); ``chat(messages)``: the rendered chat template with the generation prompt, encoded
+    without adding special tokens again (what ``/v1/chat/completions`` counts).
+
+    Introduced in lab 02 (Prefill and Decode).
+    """
+
+    def __init__(self, tokenizer: Any, name: str = ""):
+        self.tok = tokenizer
+        self.name = name or getattr(tokenizer, "name_or_path", "") or ""
+        pieces = tokenizer.batch_decode([[i] for i in range(len(tokenizer))])
+        special = set(getattr(tokenizer, "all_special_ids", []) or [])
+        # Prefer pieces that start a word (" word"): joined by spaces they re-encode to one token each.
+        spaced = {p[1:] for i, p in enumerate(pieces) if i not in special and p[:1] == " " and _WORD.match(p[1:])}
+        plain = {p.strip() for i, p in enumerate(pieces) if i not in special and _WORD.match(p.strip())}
+        words = sorted(spaced if len(spaced) >= 1000 else plain)
+        if len(words) < 100:
+            raise ValueError(f"tokenizer {self.name!r} has only {len(words)} plain lowercase words in its vocabulary; "
+                             "cannot write synthetic prompts with it")
+        self.words = np.array(words)
+
+    def content(self, text: str) -> int:
+        return len(self.tok.encode(text, add_special_tokens=False))
+
+    def completion(self, text: str) -> int:
+        return len(self.tok.encode(text, add_special_tokens=True))
+
+    def render_chat(self, messages: Sequence[dict[str, str]]) -> str:
+        return self.tok.apply_chat_template([dict(m) for m in messages], tokenize=False, add_generation_prompt=True)
+
+    def chat(self, messages: Sequence[dict[str, str]]) -> int:
+        return len(self.tok.encode(self.render_chat(messages), add_special_tokens=False))
+
+    def ids(self, text: str, special: bool = True) -> list[int]:
+        return list(self.tok.encode(text, add_special_tokens=special))
+
+    def text(self, n: int, rng: np.random.Generator, lead: str = "", count: Any = None) -> str:
+        """Text of exactly ``n`` tokens under ``count`` (default :meth:`content`), starting with ``lead``.
+
+        Words are drawn with ``rng``; the text is re-encoded and words are added or dropped until the
+        count is exact (a word that splits into two tokens is replaced by another draw).
+        """
+        count = count or self.content
+        if n <= 0:
+            raise ValueError(f"a prompt needs at least 1 token, got {n}")
+        words = list(rng.choice(self.words, size=n))
+        for _ in range(200):
+            text = lead + " ".join(words)
+            c = count(text)
+            if c == n:
+                return text
+            if c > n:
+                if not words:
+                    break
+                words = words[:-max(1, c - n)]
+            else:
+                words += list(rng.choice(self.words, size=n - c))
+        raise ValueError(f"could not write a text of exactly {n} tokens (lead {lead!r}); the lead alone may be "
+                         "longer than that")
+
+
+@functools.lru_cache(maxsize=8)
+def _counter_for(path: str | None) -> TokenCounter:
+    return TokenCounter(load_tokenizer(path), name=path or "default")
+
+
+def token_counter(tokenizer: Any = None) -> TokenCounter:
+    """A :class:`TokenCounter` for a tokenizer path (``None``: the default model), or a loaded tokenizer.
+
+    Introduced in lab 02 (Prefill and Decode).
+    """
+    if tokenizer is None or isinstance(tokenizer, (str, os.PathLike)):
+        return _counter_for(str(tokenizer) if tokenizer is not None else None)
+    if isinstance(tokenizer, TokenCounter):
+        return tokenizer
+    return TokenCounter(tokenizer)
+
+
+# ------------------------------------------------------------------------------------- workload
+@dataclass
+class Workload:
+    """A materialised workload: measured requests, warmup requests (disjoint prompts), and its spec.
+
+    Introduced in lab 02 (Prefill and Decode).
+    """
+
+    endpoint: str
+    requests: list[Request]
+    warmup: list[Request] = field(default_factory=list)
+    spec: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.endpoint not in ("chat", "completions"):
+            raise ValueError(f"endpoint must be 'chat' or 'completions', got {self.endpoint!r}")
+        for r in list(self.requests) + list(self.warmup):
+            if r.endpoint != self.endpoint:
+                raise ValueError(f"request {r.id!r} is for {r.endpoint!r} but the workload is {self.endpoint!r}")
+        ids = [r.id for r in self.requests]
+        if len(set(ids)) != len(ids):
+            raise ValueError("request ids must be unique within a workload")
+
+    def __len__(self) -> int:
+        return len(self.requests)
+
+    def head(self, n: int) -> "Workload":
+        """The first ``n`` measured requests (same warmup)."""
+        if n > len(self.requests):
+            raise ValueError(f"the workload has {len(self.requests)} requests, {n} were asked for: build a bigger one "
+                             "(spec.build(n)) rather than repeating prompts, which would hit the prefix cache")
+        return Workload(self.endpoint, list(self.requests[:n]), list(self.warmup), dict(self.spec))
+
+
+class WorkloadSpec:
+    """How to build a workload of any size; ``build(n, seed, warmup)`` materialises one.
+
+    Introduced in lab 02 (Prefill and Decode).
+    """
+
+    endpoint: str = "chat"
+
+    def build(self, num_requests: int, seed: int = 0, warmup: int = 0) -> Workload:  # pragma: no cover
+        raise NotImplementedError
+
+    def as_dict(self) -> dict[str, Any]:
+        d = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(self).items()}  # type: ignore[call-overload]
+        d["kind"] = type(self).__name__
+        return d
+
+    def cli_args(self) -> list[str] | None:
+        """The CLI flags that rebuild this spec (``None`` if the CLI cannot express it)."""
+        return None
+
+
+def _messages(user: str, system: str | None = None) -> tuple[dict[str, str], ...]:
+    msgs: list[dict[str, str]] = []
+    if system is not None:
+        msgs.append({"role": "system", "content": system})
+    msgs.append({"role": "user", "content": user})
+    return tuple(msgs)
+
+
+@dataclass
+class FixedLength(WorkloadSpec):
+    """Every request has exactly ``input_len`` prompt tokens and ``output_len`` output tokens.
+
+    Completions: the prompt is ``input_len`` tokens as the server counts them. Chat: the user message
+    is ``input_len`` tokens; the expected ``prompt_tokens`` adds the chat template (see
+    ``Request.meta["template_tokens"]``). ``output_len`` is fixed with ``min_tokens``/``ignore_eos``.
+
+    Introduced in lab 02 (Prefill and Decode).
+    """
+
+    input_len: int = 256
+    output_len: int = 64
+    endpoint: str = "chat"
+    tokenizer: str | None = None
+
+    def build(self, num_requests: int, seed: int = 0, warmup: int = 0) -> Workload:
+        tc = token_counter(self.tokenizer)
+        rng = np.random.default_rng(seed)
+        reqs = [self._one(tc, f"{i}", rng, "") for i in range(num_requests)]
+        wrng = np.random.default_rng([seed, _WARMUP_SEED_SALT])
+        warm = [self._one(tc, f"warmup-{i}", wrng, _WARMUP_PREFIX, warmup=True) for i in range(warmup)]
+        return Workload(self.endpoint, reqs, warm, {**self.as_dict(), "seed": seed})
+
+    def _one(self, tc: TokenCounter, rid: str, rng: np.random.Generator, lead: str, warmup: bool = False) -> Request:
+        if self.endpoint == "completions":
+            text = tc.text(self.input_len, rng, lead, count=tc.completion)
+            return Request(id=rid, prompt=text, expected_input_tokens=self.input_len,
+                           max_output_tokens=self.output_len, min_output_tokens=self.output_len, warmup=warmup)
+        text = tc.text(self.input_len, rng, lead)
+        msgs = _messages(text)
+        total = tc.chat(msgs)
+        return Request(id=rid, messages=msgs, expected_input_tokens=total, max_output_tokens=self.output_len,
+                       min_output_tokens=self.output_len, warmup=warmup,
+                       meta={"content_tokens": self.input_len, "template_tokens": total - self.input_len})
+
+    def cli_args(self) -> list[str]:
+        args = ["--endpoint", self.endpoint, "--input-len", str(self.input_len), "--output-len", str(self.output_len)]
+        if self.tokenizer:
+            args += ["--tokenizer", str(self.tokenizer)]
+        return args
+
+
+@dataclass
+class SharedPrefix(WorkloadSpec):
+    """A common prefix of ``prefix_len`` tokens and a unique suffix of ``suffix_len`` tokens per request.
+
+    Chat: the prefix is the system message and the suffix the user message (``prefix_len`` and
+    ``suffix_len`` count their contents; the template adds its own tokens). Completions: the prompt is
+    prefix + newline + suffix, ``prefix_len + suffix_len`` tokens in all, and the prefix's tokens are
+    checked to be a token-for-token prefix of every prompt (else the prefix cache could not hit).
+    ``num_prefixes`` > 1 spreads requests round-robin over several prefixes. Warmup requests use
+    their own prefix, never a measured one.
+
+    Introduced in lab 09 (Prefix Caching, Measured).
+    """
+
+    prefix_len: int = 512
+    suffix_len: int = 64
+    output_len: int = 32
+    endpoint: str = "chat"
+    num_prefixes: int = 1
+    tokenizer: str | None = None
+
+    def build(self, num_requests: int, seed: int = 0, warmup: int = 0) -> Workload:
+        tc = token_counter(self.tokenizer)
+        rng = np.random.default_rng(seed)
+        prefixes = [self._prefix(tc, rng, "") for _ in range(max(1, self.num_prefixes))]
+        reqs = [self._one(tc, f"{i}", rng, prefixes[i % len(prefixes)], i % len(prefixes))
+                for i in range(num_requests)]
+        wrng = np.random.default_rng([seed, _WARMUP_SEED_SALT])
+        wprefix = self._prefix(tc, wrng, _WARMUP_PREFIX) if warmup else ""
+        warm = [self._one(tc, f"warmup-{i}", wrng, wprefix, -1, warmup=True) for i in range(warmup)]
+        return Workload(self.endpoint, reqs, warm, {**self.as_dict(), "seed": seed})
+
+    def _prefix(self, tc: TokenCounter, rng: np.random.Generator, lead: str) -> str:
+        count = tc.completion if self.endpoint == "completions" else tc.content
+        return tc.text(self.prefix_len, rng, lead, count=count)
+
+    def _one(self, tc: TokenCounter, rid: str, rng: np.random.Generator, prefix: str, pid: int,
+             warmup: bool = False) -> Request:
+        if self.endpoint == "completions":
+            total_len = self.prefix_len + self.suffix_len
+            text = tc.text(total_len, rng, prefix + "\n", count=tc.completion)
+            p_ids = tc.ids(prefix)
+            shared = tc.ids(text)[:len(p_ids)] == p_ids
+            return Request(id=rid, prompt=text, expected_input_tokens=total_len, max_output_tokens=self.output_len,
+                           min_output_tokens=self.output_len, warmup=warmup,
+                           meta={"prefix_id": pid, "prefix_tokens": len(p_ids), "prefix_intact": shared})
+        suffix = tc.text(self.suffix_len, rng)
+        msgs = _messages(suffix, system=prefix)
+        total = tc.chat(msgs)
+        return Request(id=rid, messages=msgs, expected_input_tokens=total, max_output_tokens=self.output_len,
+                       min_output_tokens=self.output_len, warmup=warmup,
+                       meta={"prefix_id": pid, "content_tokens": self.prefix_len + self.suffix_len,
+                             "template_tokens": total - self.prefix_len - self.suffix_len})
+
+    def cli_args(self) -> list[str]:
+        args = ["--endpoint", self.endpoint, "--shared-prefix-len", str(self.prefix_len),
+                "--input-len", str(self.suffix_len), "--output-len", str(self.output_len),
+                "--num-prefixes", str(self.num_prefixes)]
+        if self.tokenizer:
+            args += ["--tokenizer", str(self.tokenizer)]
+        return args
+
+
+@dataclass
+class FromJsonl(WorkloadSpec):
+    """Prompts from a JSONL file: ``{"prompt": ..., "output_len": N}`` or ``{"messages": [...], ...}``.
+
+    A line with ``output_len`` gets exactly that many output tokens; a line without it may stop on
+    its own, up to ``max_output_len``. Prompt lines are sent as a user message on the chat endpoint;
+    message lines need the chat endpoint. With a tokenizer (default: the embedded model's;
+    ``tokenizer=False`` for none) the expected prompt tokens are computed. Requests take the file's
+    lines in order, shuffled when ``shuffle`` (seeded); asking for more requests than lines repeats
+    prompts (and warns: repeats hit the prefix cache). Warmup requests are synthetic, never from the file.
+
+    Introduced in lab 02 (Prefill and Decode).
+    """
+
+    path: str | Path = SAMPLE_CHAT
+    endpoint: str = "chat"
+    max_output_len: int = 256
+    shuffle: bool = False
+    tokenizer: str | None | bool = None
+
+    def rows(self) -> list[dict[str, Any]]:
+        p = Path(self.path).expanduser()
+        if not p.is_file():
+            raise FileNotFoundError(f"prompt file {p} not found (the labs ship {SAMPLE_CHAT})")
+        rows = []
+        for lineno, line in enumerate(p.read_text().splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except ValueError as e:
+                raise ValueError(f"{p}:{lineno} is not valid JSON: {e}") from e
+            if not isinstance(row, dict) or ("prompt" in row) == ("messages" in row):
+                raise ValueError(f"{p}:{lineno} needs exactly one of \"prompt\" or \"messages\"")
+            if "messages" in row and self.endpoint != "chat":
+                raise ValueError(f"{p}:{lineno} holds chat messages: use endpoint='chat' for this file")
+            rows.append(row)
+        if not rows:
+            raise ValueError(f"{p} holds no prompts")
+        return rows
+
+    def build(self, num_requests: int, seed: int = 0, warmup: int = 0) -> Workload:
+        import warnings
+
+        rows = self.rows()
+        order = list(range(len(rows)))
+        if self.shuffle:
+            np.random.default_rng(seed).shuffle(order)
+        if num_requests > len(rows):
+            warnings.warn(f"{num_requests} requests from {len(rows)} prompts: prompts repeat, and repeats hit the "
+                          "prefix cache", stacklevel=2)
+        tc = None if self.tokenizer is False else token_counter(self.tokenizer or None)
+        reqs = []
+        for i in range(num_requests):
+            row = rows[order[i % len(rows)]]
+            out = row.get("output_len")
+            max_out = int(out) if out else self.max_output_len
+            min_out = int(out) if out else None
+            meta = {"line": order[i % len(rows)], **({"tag": row["tag"]} if "tag" in row else {})}
+            if "messages" in row or self.endpoint == "chat":
+                msgs = tuple(row["messages"]) if "messages" in row else _messages(row["prompt"])
+                exp = tc.chat(msgs) if tc else None
+                reqs.append(Request(id=str(i), messages=msgs, expected_input_tokens=exp, max_output_tokens=max_out,
+                                    min_output_tokens=min_out, meta=meta))
+            else:
+                exp = tc.completion(row["prompt"]) if tc else None
+                reqs.append(Request(id=str(i), prompt=row["prompt"], expected_input_tokens=exp,
+                                    max_output_tokens=max_out, min_output_tokens=min_out, meta=meta))
+        warm: list[Request] = []
+        if warmup:
+            if tc is None:
+                raise ValueError("warmup prompts for a JSONL workload are synthetic and need a tokenizer")
+            ins = sorted(r.expected_input_tokens or 64 for r in reqs) or [64]
+            outs = sorted(r.max_output_tokens for r in reqs) or [32]
+            median_in = max(8, min(ins[len(ins) // 2], 2048))
+            synth = FixedLength(input_len=median_in, output_len=outs[len(outs) // 2], endpoint=self.endpoint,
+                                tokenizer=self.tokenizer or None)
+            warm = synth.build(0, seed=seed, warmup=warmup).warmup
+        return Workload(self.endpoint, reqs, warm, {**self.as_dict(), "seed": seed})
+
+    def cli_args(self) -> list[str]:
+        args = ["--endpoint", self.endpoint, "--prompts", str(self.path)]
+        if self.tokenizer is False:
+            args += ["--tokenizer", "none"]
+        elif isinstance(self.tokenizer, (str, Path)):
+            args += ["--tokenizer", str(self.tokenizer)]
+        return args

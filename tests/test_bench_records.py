@@ -1,0 +1,266 @@
+"""Unit tests of the benchmark's definitions, on hand-built timings and byte streams (no server, fast)."""
+
+from __future__ import annotations
+
+import json
+import math
+import types
+
+import numpy as np
+import pytest
+
+from helpers.bench import (SLO, Poisson, ConstantRate, Concurrent, RequestResult, StreamParser, Timings,
+                           bootstrap_quantile, compare, goodput, itl_values, make_profile, steady_state_window,
+                           summarize)
+from helpers.bench.records import Request
+
+
+def result(rid="0", dispatch=10.0, chunks=((10.1, 1), (10.2, 1)), ok=True, scheduled=None, warmup=False,
+           output_tokens=None, **kw) -> RequestResult:
+    times = [t for t, _ in chunks]
+    toks = [k for _, k in chunks]
+    t = Timings(t_scheduled=dispatch if scheduled is None else scheduled, t_dispatched=dispatch,
+                t_first_token=times[0] if times else None, t_end=times[-1] if times and ok else dispatch + 1,
+                chunk_times=times, chunk_tokens=toks)
+    n = sum(toks) if output_tokens is None else output_tokens
+    return RequestResult(id=rid, timings=t, ok=ok, output_tokens=n, input_tokens=kw.pop("input_tokens", 10),
+                         http_status=200 if ok else 500, error=None if ok else "boom", warmup=warmup, **kw)
+
+
+# ------------------------------------------------------------------------------ metric definitions
+def test_ttft_e2e_tpot_definitions():
+    r = result(dispatch=1.0, chunks=((1.25, 1), (1.35, 1), (1.45, 1), (1.55, 1)))
+    assert r.ttft_ms == pytest.approx(250.0)
+    assert r.e2e_ms == pytest.approx(550.0)
+    assert r.tpot_ms == pytest.approx(100.0)  # (550 - 250) / (4 - 1)
+    assert r.itl_ms == pytest.approx([100.0, 100.0, 100.0])
+
+
+def test_multi_token_chunks_split_the_gap_and_keep_the_identities():
+    # first chunk carries 2 tokens, then a chunk of 3 tokens after 90 ms, then 1 token after 30 ms
+    r = result(dispatch=0.0, chunks=((0.2, 2), (0.29, 3), (0.32, 1)))
+    assert r.n_output == 6
+    itl = r.itl_ms
+    assert len(itl) == r.n_output - 1
+    assert itl == pytest.approx([0.0, 30.0, 30.0, 30.0, 30.0])  # extra first-chunk token: 0; 90/3 three times
+    assert sum(itl) == pytest.approx(r.e2e_ms - r.ttft_ms)
+    assert np.mean(itl) == pytest.approx(r.tpot_ms)
+    # a per-chunk ITL (vLLM bench serve's) would report two gaps of 90 and 30 ms instead
+    assert itl_values([0.2, 0.29, 0.32], [2, 3, 1]) == pytest.approx([0.0, 0.03, 0.03, 0.03, 0.03])
+
+
+def test_single_token_output_has_no_tpot_and_failures_no_e2e():
+    one = result(chunks=((10.3, 1),))
+    assert one.ttft_ms == pytest.approx(300.0) and one.tpot_ms is None and one.itl_ms == []
+    failed = result(ok=False, chunks=((10.3, 1), (10.4, 1)))
+    assert failed.ttft_ms == pytest.approx(300.0)  # seen before the failure
+    assert failed.e2e_ms is None and failed.tpot_ms is None and failed.itl_ms == []
+
+
+def test_client_queue_time_is_separate_from_ttft():
+    r = result(scheduled=9.5, dispatch=10.0, chunks=((10.1, 1), (10.2, 1)))
+    assert r.client_queue_ms == pytest.approx(500.0)
+    assert r.ttft_ms == pytest.approx(100.0)
+
+
+def test_record_roundtrip_through_json():
+    r = result(chunks=((10.1, 2), (10.2, 1)), expected_input_tokens=10, max_output_tokens=3, min_output_tokens=3)
+    back = RequestResult.from_dict(json.loads(json.dumps(r.to_dict())))
+    assert back == r
+    assert back.to_dict()["derived"]["tpot_ms"] == pytest.approx(r.tpot_ms)
+
+
+def test_request_validation_says_what_to_do():
+    with pytest.raises(ValueError, match="exactly one of prompt"):
+        Request(id="x")
+    assert Request(id="x", messages=[{"role": "user", "content": "hi"}]).endpoint == "chat"
+
+
+# ------------------------------------------------------------------------------------ stream parser
+def sse(*objs) -> bytes:
+    out = b""
+    for o in objs:
+        out += b"data: " + (o.encode() if isinstance(o, str) else json.dumps(o).encode()) + b"\n\n"
+    return out
+
+
+def chat_chunk(content=None, role=None, completion=None, prompt=33, finish=None):
+    delta = {}
+    if role:
+        delta["role"] = role
+    if content is not None:
+        delta["content"] = content
+    d = {"choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+    if completion is not None:
+        d["usage"] = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+    return d
+
+
+def test_role_chunk_is_not_the_first_token_and_usage_deltas_count_tokens():
+    p = StreamParser()
+    p.feed(sse(chat_chunk("", role="assistant", completion=0)), 1.0)  # vLLM's role-only chunk
+    p.feed(sse(chat_chunk("I", completion=1)), 1.2)
+    p.feed(sse(chat_chunk(" am here", completion=4)), 1.3)  # 3 tokens in one chunk (speculative decoding)
+    p.feed(sse(chat_chunk("", completion=4)), 1.35)  # an empty chunk adds nothing
+    p.feed(sse(chat_chunk(".", completion=5, finish="length")), 1.4)
+    p.feed(sse({"choices": [], "usage": {"prompt_tokens": 33, "completion_tokens": 5, "total_tokens": 38}}), 1.41)
+    p.feed(sse("[DONE]"), 1.42)
+    assert p.chunk_times == [1.2, 1.3, 1.4]
+    assert p.chunk_tokens == [1, 3, 1]
+    assert p.exact and p.done and p.finish_reason == "length"
+    assert p.prompt_tokens == 33 and p.completion_tokens == 5
+
+
+def test_events_split_across_reads_and_several_per_read():
+    data = sse({"choices": [{"text": "a"}], "usage": {"prompt_tokens": 1, "completion_tokens": 1}},
+               {"choices": [{"text": "bc"}], "usage": {"prompt_tokens": 1, "completion_tokens": 3}}, "[DONE]")
+    p = StreamParser()
+    cut = len(data) // 3
+    p.feed(data[:cut], 1.0)
+    p.feed(data[cut:], 2.0)
+    assert p.chunk_tokens == [1, 2] and p.done
+    assert p.chunk_times[-1] == 2.0  # the event completed by the second read has its time
+
+
+def test_without_continuous_usage_each_nonempty_chunk_counts_one_and_is_flagged():
+    p = StreamParser()
+    p.feed(sse(chat_chunk("", role="assistant")), 1.0)
+    p.feed(sse(chat_chunk("ab")), 1.1)
+    p.feed(sse(chat_chunk("cd")), 1.2)
+    p.feed(sse({"choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 4}}), 1.3)
+    p.feed(sse("[DONE]"), 1.3)
+    assert p.chunk_tokens == [1, 1] and not p.exact
+    assert p.completion_tokens == 4  # the final usage still gives the true count
+
+
+def test_error_event_and_sse_details():
+    p = StreamParser()
+    p.feed(b": keep-alive\n\nevent: message\ndata:{\"error\": {\"message\": \"engine dead\"}}\r\n\r\n", 1.0)
+    assert p.error == "engine dead" and not p.done
+    q = StreamParser()
+    q.feed(b'data: {"choices":[{"text":"x"}]}', 1.0)  # no trailing blank line
+    q.close(1.5)
+    assert q.chunk_tokens == [1]
+
+
+# ------------------------------------------------------------------------------ window, throughput
+def steady_records(n=20, gap=1.0, e2e=2.5, tokens=10):
+    """Request i dispatched at i*gap; first token after 0.5 s; `tokens` one-token chunks until e2e."""
+    recs = []
+    for i in range(n):
+        d = i * gap
+        times = np.linspace(d + 0.5, d + e2e, tokens)
+        recs.append(result(rid=str(i), dispatch=d, chunks=[(float(t), 1) for t in times]))
+    return recs
+
+
+def test_steady_state_window_excludes_ramp_up_and_drain():
+    recs = steady_records()
+    w = steady_state_window(recs)
+    assert w.method == "steady-state"
+    assert (w.start, w.end) == pytest.approx((2.5, 19.0))  # first dispatch + median E2E .. last dispatch
+    s = summarize(recs)
+    assert s.duration_s == pytest.approx(16.5)
+    assert s.total_duration_s == pytest.approx(21.5)
+    ends_inside = sum(1 for r in recs if 2.5 <= r.timings.t_end <= 19.0)  # requests 0..16
+    assert s.request_throughput == pytest.approx(ends_inside / 16.5)
+    toks = sum(1 for r in recs for t in r.timings.chunk_times if 2.5 <= t <= 19.0)
+    assert s.output_throughput == pytest.approx(toks / 16.5)
+    # 1 request/s at 10 tokens each: the window measures the true rates, the whole span does not
+    assert s.request_throughput == pytest.approx(1.0, rel=0.07)
+    assert s.output_throughput == pytest.approx(10.0, rel=0.07)
+    assert s.total_output_throughput < 0.95 * 10.0
+
+
+def test_short_runs_fall_back_to_the_whole_span_with_a_note():
+    recs = steady_records(n=5)
+    w = steady_state_window(recs)
+    assert w.method == "whole-span" and "too short" in w.note
+    assert (w.start, w.end) == pytest.approx((0.0, 6.5))
+    s = summarize(recs)
+    assert any("throughput window" in x for x in s.warnings)
+
+
+def test_warmup_is_excluded_and_failures_sit_next_to_percentiles():
+    recs = steady_records(n=12)
+    recs[3] = result(rid="3", dispatch=3.0, ok=False, chunks=())
+    recs.append(result(rid="w", dispatch=-5.0, warmup=True, chunks=((-4.0, 1), (-3.0, 1))))
+    s = summarize(recs)
+    assert s.completed == 11 and s.failed == 1 and s.errors == {"HTTP 500: boom": 1}
+    assert s.ttft_ms.count == 11
+    assert s.client_queue_ms.count == 12  # failed requests waited too
+    assert "1 failed" in s.table()
+    d = s.as_dict()
+    for m in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms", "client_queue_ms"):
+        assert {"mean", "p50", "p90", "p95", "p99", "count", "std", "min", "max", "p50_ci", "p99_ci"} <= set(d[m])
+    json.dumps(d)
+
+
+def test_token_count_mismatch_is_a_warning_with_both_counts():
+    recs = steady_records(n=12)
+    for r in recs:
+        r.expected_input_tokens = 12
+    s = summarize(recs)
+    assert s.input_tokens["mismatched"] == 12
+    assert any("expected 12, server counted 10" in w for w in s.warnings)
+
+
+# ---------------------------------------------------------------------------------------- goodput
+def test_goodput_counts_requests_meeting_every_set_slo_in_the_window():
+    recs = steady_records()
+    for i, r in enumerate(recs):  # make TTFT 100 ms for even requests, 500 ms for odd ones
+        shift = 0.1 if i % 2 == 0 else 0.5
+        r.timings.chunk_times[0] = r.timings.t_dispatched + shift
+        r.timings.t_first_token = r.timings.chunk_times[0]
+    g = goodput(recs, SLO(ttft_ms=200))
+    inside = [r for r in recs if 2.5 <= r.timings.t_end <= 19.0 and r.ttft_ms <= 200]
+    assert g.good == 10 and g.good_in_window == len(inside)
+    assert g.goodput_rps == pytest.approx(len(inside) / 16.5)
+    assert g.fraction_good == pytest.approx(0.5)
+    assert goodput(recs, SLO(ttft_ms=1000, e2e_ms=100)).good == 0  # both bounds must hold
+    assert SLO(tpot_ms=1).met(result(chunks=((10.1, 1),)))  # no TPOT with one token: bound not violated
+
+
+# --------------------------------------------------------------------------------------- bootstrap
+@pytest.mark.parametrize("q", [0.5, 0.9, 0.99])
+def test_order_statistic_bootstrap_matches_brute_force_resampling(q):
+    x = np.random.default_rng(1).lognormal(3, 0.5, size=300)
+    fast = bootstrap_quantile(x, q, n_boot=20000, seed=2)
+    rng = np.random.default_rng(3)
+    brute = np.quantile(x[rng.integers(0, len(x), size=(4000, len(x)))], q, axis=1)
+    assert fast.mean() == pytest.approx(brute.mean(), rel=0.01)
+    assert fast.std() == pytest.approx(brute.std(), rel=0.1)
+    np.testing.assert_array_equal(fast, bootstrap_quantile(x, q, n_boot=20000, seed=2))  # seeded
+
+
+def test_compare_tells_a_real_difference_from_noise():
+    rng = np.random.default_rng(0)
+
+    def fake_run(values):
+        return types.SimpleNamespace(records=[result(rid=str(i), dispatch=0.0, chunks=((v / 1000, 1), (v / 1000 + 0.01, 1)))
+                                              for i, v in enumerate(values)])
+
+    a = fake_run(rng.normal(100, 10, 400))
+    a2 = fake_run(rng.normal(100, 10, 400))
+    b = fake_run(rng.normal(115, 10, 400))
+    assert compare(a, b, "ttft", 0.5).differ
+    same = compare(a, a2, "ttft", 0.5)
+    assert not same.differ and same.ci[0] < 0 < same.ci[1]
+    assert "p50" in str(same)
+
+
+# ----------------------------------------------------------------------------------------- profiles
+def test_poisson_is_seeded_with_the_right_rate_and_constant_is_even():
+    a, b = Poisson(rate=50, seed=3).offsets(5000), Poisson(rate=50, seed=3).offsets(5000)
+    assert a == b and a[0] == 0.0
+    gaps = np.diff(a)
+    assert gaps.mean() == pytest.approx(1 / 50, rel=0.05)
+    assert gaps.std() == pytest.approx(1 / 50, rel=0.1)  # exponential: std == mean
+    assert Poisson(rate=50, seed=4).offsets(10) != a[:10]
+    assert ConstantRate(rate=4).offsets(3) == [0.0, 0.25, 0.5]
+    assert Concurrent(4).offsets(3) is None and Concurrent(4).concurrency == 4
+    assert make_profile("poisson", rate=2, seed=1).cli_args() == ["--profile", "poisson", "--rate", "2",
+                                                                  "--arrival-seed", "1"]
+    with pytest.raises(ValueError, match="needs a rate"):
+        make_profile("constant")
+    assert math.isclose(Poisson(rate=2).offsets(2)[1], Poisson(rate=2).offsets(3)[1])
