@@ -181,7 +181,8 @@ _CPU_WHY = (
     "here, a compiled start takes ~80 s every time (its cache never loads) against ~30 s, for ~10-20% faster "
     "decode; labs restart servers often, so start-up wins. VLLM_CPU_NUM_OF_RESERVED_CPU=0 lets the engine use "
     "every core (by default it leaves one to the API server). The KV cache gets a fixed 1 GiB "
-    "(--kv-cache-memory-bytes), the CPU's stand-in for --gpu-memory-utilization."
+    "(--kv-cache-memory-bytes), the CPU's stand-in for --gpu-memory-utilization; max_model_len is the model's "
+    "full 8,192 tokens, so one server serves every lab up to the Sizing Sheet."
 )
 _GPU_WHY = (
     "{gpu}: {model} in {dtype}. CUDA graphs and torch.compile stay on (the default): on a GPU the compile "
@@ -194,7 +195,7 @@ LLAMA_8B = "NousResearch/Meta-Llama-3.1-8B-Instruct"  # ungated copy of meta-lla
 PROFILES: dict[str, Profile] = {
     "cpu": Profile(
         name="cpu", device="cpu", model="default", served_model_name="smollm2", dtype="bfloat16",
-        max_model_len=2048,
+        max_model_len=8192,
         engine_args={"optimization_level": 0, "kv_cache_memory_bytes": 2**30},
         env={"VLLM_CPU_NUM_OF_RESERVED_CPU": "0"},
         why=_CPU_WHY, load_scale=1.0, sizing_context=8192,
