@@ -542,7 +542,8 @@ def test_sizing_sheet_rows_errors_and_files(tmp_path):
     md, js = sheet.write(tmp_path / "out")
     assert md.name == "sizing_sheet.md" and js.name == "sizing_sheet.json"
     text = md.read_text()
-    assert "| kv_cache_tokens (tokens) | 46,592 | 46,592 | +0.0% | vLLM log |" in text
+    assert ("| kv_cache_tokens (tokens) | 46,592 | 46,592 | +0.0% | vllm_kv_capacity(block 128, max_model_len 2048) "
+            "| vLLM log |") in text
     back = sizing.SizingSheet.read(tmp_path / "out")
     assert back.as_dict() == sheet.as_dict() == json.loads(js.read_text())
 

@@ -13,6 +13,7 @@ name such as ``"llama-3.1-8b"`` from ``data/configs/``)::
 From a shell: ``python -m helpers.sizing llama-3.1-8b --context 131072 [--json]``.
 """
 
+from .calibrate import DecodeFit, PrefillFit, fit_decode, fit_prefill, prefill_flops
 from .config import CONFIG_DIR, ModelConfig, config_names, dtype_bytes, load_config, normalize_dtype
 from .hardware import HARDWARE, PRICE_ASSUMPTION, Hardware, compute_flops, hardware, measure_cpu, measure_gpu
 from .kv import (
@@ -46,7 +47,7 @@ from .roofline import (
     expected_experts,
     prefill_time,
 )
-from .sheet import Prediction, SizingSheet, predict_sheet
+from .sheet import Prediction, SizingSheet, plan_sheet, predict_sheet
 
 __all__ = [
     "CONFIG_DIR", "ModelConfig", "config_names", "dtype_bytes", "load_config", "normalize_dtype",
@@ -57,7 +58,8 @@ __all__ = [
     "Hardware", "HARDWARE", "PRICE_ASSUMPTION", "hardware", "measure_cpu", "measure_gpu", "compute_flops",
     "StepTime", "CriticalBatch", "prefill_time", "decode_step_time", "arithmetic_intensity", "critical_batch",
     "expected_experts",
-    "Prediction", "SizingSheet", "predict_sheet",
+    "Prediction", "SizingSheet", "predict_sheet", "plan_sheet",
+    "PrefillFit", "DecodeFit", "fit_prefill", "fit_decode", "prefill_flops",
     "summary",
 ]
 

@@ -14,7 +14,7 @@ from .kv import kv_bytes_for_context, kv_bytes_per_token, vllm_kv_capacity
 from .params import param_count, resolved_weight_dtype, weight_bytes
 from .roofline import decode_step_time, prefill_time
 
-__all__ = ["Prediction", "SizingSheet", "predict_sheet"]
+__all__ = ["Prediction", "SizingSheet", "predict_sheet", "plan_sheet"]
 
 
 @dataclass(frozen=True)
@@ -30,7 +30,8 @@ class Prediction:
     predicted: float
     measured: float | None = None
     unit: str = ""
-    source: str = ""
+    source: str = ""          # how the prediction was made
+    measured_by: str = ""     # how the measurement was made
 
     @property
     def error(self) -> float | None:
@@ -48,8 +49,8 @@ def _fmt(value: float | None, unit: str) -> str:
         return f"{value * 1e3:,.2f} ms" if abs(value) < 1 else f"{value:,.3f} s"
     if unit == "x":
         return f"{value:,.2f}x"
-    if float(value).is_integer() and abs(value) >= 1:
-        text = f"{int(value):,}"
+    if abs(value) >= 1000 or (float(value).is_integer() and abs(value) >= 1):
+        text = f"{round(value):,}"
         if unit == "bytes" and value >= 2**20:
             text += f" ({value / 2**30:,.2f} GiB)"
         return text
@@ -92,10 +93,10 @@ class SizingSheet:
     def __contains__(self, name: object) -> bool:
         return any(r.name == name for r in self.rows)
 
-    def measure(self, name: str, value: float, source: str | None = None) -> Prediction:
-        """Record the measured value of row ``name``."""
+    def measure(self, name: str, value: float, measured_by: str = "") -> Prediction:
+        """Record the measured value of row ``name`` and how it was measured."""
         old = self[name]
-        new = dataclasses.replace(old, measured=value, source=source if source is not None else old.source)
+        new = dataclasses.replace(old, measured=value, measured_by=measured_by)
         self.rows = [new if r.name == name else r for r in self.rows]
         return new
 
@@ -123,8 +124,8 @@ class SizingSheet:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "SizingSheet":
         """Rebuild a sheet from :meth:`as_dict` output (``error`` is recomputed, not read)."""
-        rows = [Prediction(r["name"], r["predicted"], r.get("measured"), r.get("unit", ""), r.get("source", ""))
-                for r in data.get("rows", [])]
+        rows = [Prediction(r["name"], r["predicted"], r.get("measured"), r.get("unit", ""), r.get("source", ""),
+                           r.get("measured_by", "")) for r in data.get("rows", [])]
         return cls(model=data["model"], hardware=data["hardware"], context=int(data["context"]),
                    weight_dtype=data["weight_dtype"], kv_dtype=data["kv_dtype"], rows=rows,
                    notes=data.get("notes", ""))
@@ -138,7 +139,7 @@ class SizingSheet:
         return cls.from_dict(json.loads(p.read_text()))
 
     def to_markdown(self) -> str:
-        """A Markdown table: quantity, predicted, measured, error, source."""
+        """A Markdown table: quantity, predicted, measured, error, how each was obtained."""
         lines = [
             f"# Sizing Sheet: {self.model}",
             "",
@@ -148,12 +149,13 @@ class SizingSheet:
         ]
         if self.notes:
             lines.append(f"- notes: {self.notes}")
-        lines += ["", "| quantity | predicted | measured | error | source |", "|---|---:|---:|---:|---|"]
+        lines += ["", "| quantity | predicted | measured | error | predicted by | measured by |",
+                  "|---|---:|---:|---:|---|---|"]
         for r in self.rows:
             err = "" if r.error is None else f"{r.error:+.1%}"
             unit = f" ({r.unit})" if r.unit and r.unit not in ("s", "x") else ""
             lines.append(f"| {r.name}{unit} | {_fmt(r.predicted, r.unit)} | {_fmt(r.measured, r.unit)} | {err} | "
-                         f"{r.source} |")
+                         f"{r.source} | {r.measured_by} |")
         return "\n".join(lines) + "\n"
 
     def write(self, directory: str | Path) -> tuple[Path, Path]:
@@ -183,6 +185,8 @@ def predict_sheet(
     max_num_batched_tokens: int = 2048,
     concurrent_batches: int = 1,
     model_name: str | None = None,
+    prefill_fit: Any = None,
+    decode_fit: Any = None,
 ) -> SizingSheet:
     """Fill a :class:`SizingSheet` with predictions; the lab fills in what vLLM measured.
 
@@ -191,7 +195,10 @@ def predict_sheet(
     ``block_size`` are given ``num_blocks``, ``kv_cache_tokens`` and ``max_concurrency`` (vLLM's
     accounting with ``max_model_len``, default ``context``); ``ttft_s`` (prefill of ``prompt_tokens``,
     default ``context``, at batch 1), ``decode_step_s`` and ``decode_tokens_per_s`` (``batch``
-    sequences at ``context``). Times are roofline ideals at ``efficiency`` of the peak.
+    sequences at ``context``). Times are roofline ideals at ``efficiency`` of the peak, unless a
+    :class:`~helpers.sizing.calibrate.PrefillFit` / :class:`~helpers.sizing.calibrate.DecodeFit` is given:
+    then they are the fit's predictions (rates achieved on short, cheap runs, carried to ``context``),
+    with the roofline ideal named in the row's source.
 
     Introduced in lab 05 (Where the Time Goes).
     """
@@ -217,10 +224,62 @@ def predict_sheet(
         sheet.add("max_concurrency", cap.max_concurrency, "x", src)
     prompt = prompt_tokens or context
     pf = prefill_time(cfg, hw, prompt, weight_dtype=wd, kv_dtype=kd, efficiency=efficiency)
-    sheet.add("ttft_s", pf.time, "s", f"prefill_time({prompt} tokens), {pf.bound}-bound")
+    if prefill_fit is not None:
+        sheet.add("ttft_s", prefill_fit.predict(prompt), "s",
+                  f"prefill fit on {'/'.join(str(n) for n, _ in prefill_fit.points)} tokens, carried to {prompt} "
+                  f"(roofline ideal {pf.time * 1e3:,.0f} ms)")
+    else:
+        sheet.add("ttft_s", pf.time, "s", f"prefill_time({prompt} tokens), {pf.bound}-bound")
     dec = decode_step_time(cfg, hw, batch, context, wd, kd, efficiency=efficiency)
-    sheet.add("decode_step_s", dec.time, "s", f"decode_step_time(batch {batch}), {dec.bound}-bound")
-    sheet.add("decode_tokens_per_s", dec.tokens_per_s, "tokens/s", f"batch {batch} / decode_step_s")
+    if decode_fit is not None:
+        step = decode_fit.predict(batch, context)
+        sheet.add("decode_step_s", step, "s",
+                  f"decode fit on contexts {'/'.join(str(c) for _, c, _ in decode_fit.points)}, carried to {context} "
+                  f"(roofline ideal {dec.time * 1e3:,.1f} ms)")
+        sheet.add("decode_tokens_per_s", batch / step, "tokens/s", f"batch {batch} / decode_step_s")
+    else:
+        sheet.add("decode_step_s", dec.time, "s", f"decode_step_time(batch {batch}), {dec.bound}-bound")
+        sheet.add("decode_tokens_per_s", dec.tokens_per_s, "tokens/s", f"batch {batch} / decode_step_s")
     if efficiency != 1.0:
         sheet.notes = f"times at {efficiency:.0%} of peak FLOP/s and bandwidth"
+    return sheet
+
+
+def plan_sheet(
+    model: "ModelConfig | Mapping[str, Any] | str",
+    hw: Hardware,
+    context: int,
+    batch: int = 1,
+    *,
+    weight_dtype: str = "auto",
+    kv_dtype: str = "auto",
+    gpu_memory_utilization: float = 0.9,
+    reserve_gib: float = 2.0,
+    tp: int = 1,
+    block_size: int = 16,
+) -> SizingSheet:
+    """A what-if Sizing Sheet before renting anything: ``model`` on ``hw`` (per device, ``tp`` devices).
+
+    KV memory per device = ``gpu_memory_utilization`` x memory - weights / ``tp`` - ``reserve_gib``
+    (activations and CUDA graphs; vLLM measures these, 1-3 GiB for an 8B model). Raises ``ValueError``
+    when the weights do not fit, and :class:`~helpers.sizing.kv.CacheTooSmall` when one request of
+    ``context`` tokens does not fit in what is left. Pure: the lab's sliders call it.
+
+    Introduced in lab 05 (Where the Time Goes).
+    """
+    cfg = load_config(model)
+    wd = normalize_dtype(weight_dtype)
+    weights = weight_bytes(cfg, wd, strict=False).total
+    budget = gpu_memory_utilization * hw.memory_gib * 2**30
+    kv = int(budget - weights / tp - reserve_gib * 2**30)
+    if kv <= 0:
+        raise ValueError(
+            f"{cfg.name} in {resolved_weight_dtype(cfg, wd)} needs {weights / tp / 2**30:.1f} GiB of weights per device, "
+            f"more than {gpu_memory_utilization:.0%} of {hw.name}'s {hw.memory_gib:.0f} GiB leaves: quantize "
+            "(lab 12), or split it over more devices (tp, lab 18)."
+        )
+    sheet = predict_sheet(cfg, hw, context, kv_cache_bytes=kv, block_size=block_size, batch=batch,
+                          weight_dtype=wd, kv_dtype=kv_dtype, tp=tp, model_name=cfg.name)
+    sheet.notes = (f"KV cache = {gpu_memory_utilization:.0%} x {hw.memory_gib:.0f} GiB - weights/{tp} - "
+                   f"{reserve_gib:g} GiB reserve = {kv / 2**30:.1f} GiB per device; times are roofline ideals")
     return sheet
