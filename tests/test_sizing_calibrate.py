@@ -66,3 +66,8 @@ def test_plan_sheet_budgets_kv_after_weights_and_refuses_what_does_not_fit():
     # fp8 weights leave more room: more tokens of cache
     fp8 = sizing.plan_sheet("llama-3.1-8b", h100, 131072, weight_dtype="fp8")
     assert fp8["kv_cache_tokens"].predicted > sheet["kv_cache_tokens"].predicted
+
+
+def test_fit_decode_falls_back_to_the_origin_when_noise_hides_the_kv_term():
+    fit = sizing.fit_decode(CFG, [(1, 512, 0.040), (1, 4096, 0.030)], overhead=True)
+    assert fit.overhead_s == 0 and fit.bandwidth > 0 and "origin" in fit.note

@@ -139,6 +139,7 @@ class DecodeFit:
     peak_bandwidth: float | None = None
     weight_dtype: str = "auto"
     kv_dtype: str = "auto"
+    note: str = ""
     _cfg: Any = None
 
     def step_bytes(self, batch: int, context: int) -> int:
@@ -160,7 +161,8 @@ class DecodeFit:
         frac = f" ({self.fraction_of_peak:.0%} of the measured {self.peak_bandwidth / 1e9:.1f} GB/s)" \
             if self.peak_bandwidth else ""
         return (f"decode step = {self.overhead_s * 1e3:.1f} ms + bytes read at {self.bandwidth / 1e9:.1f} GB/s{frac}; "
-                f"fitted on (batch, context) {', '.join(f'({b}, {c})' for b, c, _ in self.points)}")
+                f"fitted on (batch, context) {', '.join(f'({b}, {c})' for b, c, _ in self.points)}"
+                + (f" ({self.note})" if self.note else ""))
 
 
 def fit_decode(cfg: "ModelConfig | Mapping[str, Any] | str", points: Iterable[tuple[int, int, float]],
@@ -189,6 +191,11 @@ def fit_decode(cfg: "ModelConfig | Mapping[str, Any] | str", points: Iterable[tu
     scale[scale == 0] = 1.0
     w = 1.0 / y
     coef = _nonneg_lstsq((X / scale) * w[:, None], y * w) / scale
+    if coef[1] <= 0 and overhead:
+        # The times did not grow with the bytes (noise larger than the KV term): charge everything to memory.
+        fit = fit_decode(cfg, pts, hw, weight_dtype, kv_dtype, overhead=False)
+        fit.note = "times did not grow with context, so the fit went through the origin"
+        return fit
     if coef[1] <= 0:
         raise ValueError("decode times did not grow with bytes read: the fit found no bandwidth term")
     fit.overhead_s, fit.bandwidth = float(coef[0]), float(1.0 / coef[1])
