@@ -18,6 +18,7 @@ from . import charts
 from .client import ClientConfig, StreamParser, build_payload
 from .profiles import Concurrent, ConstantRate, LoadProfile, Poisson, Synchronous, make_profile
 from .records import Request, RequestResult, Timings, itl_values
+from .report import BenchmarkReport, ConfigResult
 from .runner import (MaxRateResult, Probe, RunResult, SweepResult, find_max_rate, load_run, reconcile, run,
                      sweep)
 from .stats import (SLO, Comparison, Distribution, Goodput, Summary, Window, bootstrap_quantile, compare,
@@ -42,6 +43,8 @@ __all__ = [
     "goodput", "compare", "metric_values", "bootstrap_quantile",
     # calibration
     "CalibrationServer", "CalibrationConfig",
+    # the Phase 2 report
+    "BenchmarkReport", "ConfigResult",
     # charts
     "charts",
 ]
