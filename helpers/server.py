@@ -810,6 +810,18 @@ class Server:
             self._startup = info
         return self._startup
 
+    def command(self, port: int | None = 8000) -> str:
+        """The shell command that starts this server again: its environment overrides, ``python -m
+        vllm.entrypoints.openai.api_server`` and every flag (``port`` replaces the one picked here), for reports.
+
+        Introduced in lab 11 (Latency, Throughput, Goodput).
+        """
+        import shlex
+
+        args = ["--model", self.model_path, "--host", self.host, "--port", str(port or self.port), *self._args()]
+        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(self.env.items()))
+        return (env + " " if env else "") + "python -m vllm.entrypoints.openai.api_server " + shlex.join(args)
+
     def metrics(self) -> _metrics.Snapshot:
         """Scrape ``/metrics`` now."""
         return _metrics.scrape(self.url, api_key=self.api_key)

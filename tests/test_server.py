@@ -256,3 +256,11 @@ def test_failed_notebook_cell_stops_the_kernels_servers(fake):
 
     server._on_cell_error(Result())
     assert not srv.running
+
+
+def test_command_reproduces_the_server_with_its_environment(fake):
+    srv = fake(engine_args={"max_model_len": 2048, "enable_prefix_caching": False}, env={"VLLM_CPU_NUM_OF_RESERVED_CPU": "0"})
+    cmd = srv.command(port=8000)
+    assert cmd.startswith("VLLM_CPU_NUM_OF_RESERVED_CPU=0 python -m vllm.entrypoints.openai.api_server --model ")
+    assert "--port 8000" in cmd and "--max-model-len 2048 --no-enable-prefix-caching" in cmd
+    assert cmd.endswith("--served-model-name fake")
