@@ -42,7 +42,8 @@ lab: setup
 
 # Every test: unit tests of helpers, then each notebook headless against real vLLM.
 # LABS_QUICK=1 makes each lab's parameters cell pick CI-sized loads;
-# LABS_REUSE_SERVER=1 lets consecutive labs share a server started with the same arguments.
+# LABS_REUSE_SERVER=1 lets consecutive labs share a server started with the same arguments; the servers
+# belong to one LABS_SESSION, and only that session's are stopped at the end (a learner's are left alone).
 test: setup
 	$(MAKE) test-unit
 	$(MAKE) test-labs
@@ -51,9 +52,10 @@ test-unit: setup
 	$(PY) -m pytest tests -q
 
 test-labs: setup check-notebooks
-	LABS_QUICK=1 LABS_REUSE_SERVER=1 $(PY) -m pytest -q -p no:cacheprovider \
-	    --nbval-lax --nbval-sanitize-with ci/nbval_sanitize.cfg labs/; \
-	  rc=$$?; $(PY) -m helpers.server stop-all; exit $$rc
+	session=make-test-$$$$; \
+	LABS_SESSION=$$session LABS_QUICK=1 LABS_REUSE_SERVER=1 $(PY) -m pytest -q -p no:cacheprovider \
+	    --nbval-lax --nbval-sanitize-with ci/nbval_sanitize.cfg --durations=15 labs/; \
+	  rc=$$?; $(PY) -m helpers.server stop-all --session $$session; exit $$rc
 
 # Committed notebooks carry no outputs but keep their cell tags.
 strip:

@@ -60,6 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     (out / "reports").mkdir(parents=True, exist_ok=True)
     os.environ["LABS_REPORTS"] = str(out / "reports")
     os.environ["LABS_HOME"] = str(ROOT)
+    os.environ["LABS_SESSION"] = session = f"run-sequence-{os.getpid()}"
     if args.profile:
         os.environ["LABS_PROFILE"] = args.profile
     if args.quick:
@@ -78,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
         except Exception as e:  # papermill raises PapermillExecutionError with the cell's traceback
             status, error = "failed", f"{type(e).__name__}: {str(e).strip().splitlines()[-1][:300]}"
         finally:
-            server.stop_all(verbose=True)  # a failed lab must not leave its server to the next one
+            server.stop_all(verbose=True, session=session)  # a failed lab must not leave its server behind
         rows.append({"lab": nb.name, "status": status, "minutes": round((time.time() - t0) / 60, 1),
                      "error": error})
         print(f"   {status} in {rows[-1]['minutes']} min {error}", flush=True)

@@ -20,7 +20,9 @@ behind by a dead kernel is found and stopped before the next one starts, and
 
 With ``LABS_REUSE_SERVER=1`` (set by ``make test``), ``stop()`` parks a healthy server instead of
 killing it, and the next ``start()`` with the very same arguments adopts it: consecutive labs that
-serve the same configuration share one start-up. ``make test`` ends with ``stop-all``.
+serve the same configuration share one start-up. Parking and adoption stay within one
+``LABS_SESSION``, and ``make test`` ends with ``stop-all --session`` for its own session only, so a
+learner's servers in another session are never touched.
 """
 
 from __future__ import annotations
@@ -365,6 +367,7 @@ class _Record:
     started_at: float = 0.0
     served_model_name: str = ""
     api_key: str | None = None
+    session: str = ""
 
     @property
     def path(self) -> Path:
@@ -460,13 +463,20 @@ def stop_owned() -> int:
     return len(owned)
 
 
-def stop_all(verbose: bool = True) -> int:
-    """Stop every vLLM server the labs started (any kernel's, parked or not). Returns how many.
+def _session() -> str:
+    """The reuse session (``$LABS_SESSION``): servers park for, and are adopted by, their own session only."""
+    return os.environ.get("LABS_SESSION", "")
+
+
+def stop_all(verbose: bool = True, session: str | None = None) -> int:
+    """Stop every vLLM server the labs started (any kernel's, parked or not), or only ``session``'s. Returns how many.
 
     Introduced in lab 01 (One GPU, One Model).
     """
     n = 0
     for rec in _records():
+        if session is not None and rec.session != session:
+            continue
         if rec.alive:
             if verbose:
                 print(f"stopping {rec.describe()}", file=sys.stderr)
@@ -474,8 +484,9 @@ def stop_all(verbose: bool = True) -> int:
             n += 1
         rec.remove()
     for srv in list(_OWNED):
-        srv._proc = None
-        _OWNED.discard(srv)
+        if session is None or (srv._record is not None and srv._record.session == session):
+            srv._proc = None
+            _OWNED.discard(srv)
     return n
 
 
@@ -627,7 +638,8 @@ class Server:
     def _adopt(self) -> bool:
         key = self.key
         for rec in _records():
-            if rec.parked and rec.key == key and rec.alive and self._healthy(rec.host, rec.port, rec.api_key):
+            if (rec.parked and rec.key == key and rec.session == _session() and rec.alive
+                    and self._healthy(rec.host, rec.port, rec.api_key)):
                 rec.parked, rec.owner_pid, rec.owner_create_time = False, os.getpid(), _create_time(os.getpid())
                 rec.save()
                 self._record, self.pid, self.port = rec, rec.pid, rec.port
@@ -642,8 +654,9 @@ class Server:
 
     @staticmethod
     def _stop_parked() -> None:
+        """Stop this session's parked servers (another session's are its own business)."""
         for rec in _records():
-            if rec.parked:
+            if rec.parked and rec.session == _session():
                 _kill_tree(rec.pid, rec.create_time)
                 rec.remove()
 
@@ -696,7 +709,7 @@ class Server:
             pid=self.pid, create_time=_create_time(self.pid) or time.time(), port=self.port, host=self.host,
             key=self.key, log_path=str(self.log_path), cmd=cmd, owner_pid=os.getpid(),
             owner_create_time=_create_time(os.getpid()), started_at=self.started_at,
-            served_model_name=self.served_model_name, api_key=self.api_key,
+            served_model_name=self.served_model_name, api_key=self.api_key, session=_session(),
         )
         self._record.save()
         _OWNED.add(self)
@@ -926,7 +939,8 @@ def _main(argv: Iterable[str]) -> int:
     sub.add_parser("list", help="list running servers")
     p = sub.add_parser("stop", help="stop one server by PID")
     p.add_argument("pid", type=int)
-    sub.add_parser("stop-all", help="stop every server the labs started")
+    p = sub.add_parser("stop-all", help="stop every server the labs started")
+    p.add_argument("--session", default=None, help="only the servers of this LABS_SESSION (as `make test` uses)")
     args = parser.parse_args(list(argv))
     if args.cmd == "list":
         rows = list_servers()
@@ -940,7 +954,7 @@ def _main(argv: Iterable[str]) -> int:
         recs[0].remove()
         print(f"stopped PID {args.pid}")
     elif args.cmd == "stop-all":
-        n = stop_all()
+        n = stop_all(session=args.session)
         print(f"stopped {n} server(s)")
     return 0
 

@@ -264,3 +264,17 @@ def test_command_reproduces_the_server_with_its_environment(fake):
     assert cmd.startswith("VLLM_CPU_NUM_OF_RESERVED_CPU=0 python -m vllm.entrypoints.openai.api_server --model ")
     assert "--port 8000" in cmd and "--max-model-len 2048 --no-enable-prefix-caching" in cmd
     assert cmd.endswith("--served-model-name fake")
+
+
+def test_reuse_and_stop_all_stay_within_a_session(fake, monkeypatch):
+    monkeypatch.setenv("LABS_SESSION", "learner")
+    mine = fake(reuse=True)
+    mine.start()
+    mine.stop()  # parked for the learner's session
+    monkeypatch.setenv("LABS_SESSION", "make-test")
+    other = fake(reuse=True)
+    other.start()  # same arguments, other session: neither adopts nor stops the learner's server
+    assert not other.reused and other.pid != mine.pid and psutil.pid_exists(mine.pid)
+    assert server.stop_all(verbose=False, session="make-test") == 1
+    assert psutil.pid_exists(mine.pid) and not other.running
+    assert server.stop_all(verbose=False, session="learner") == 1
