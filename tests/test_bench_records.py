@@ -181,6 +181,22 @@ def test_short_runs_fall_back_to_the_whole_span_with_a_note():
     assert any("throughput window" in x for x in s.warnings)
 
 
+def test_closed_loop_wave_is_not_counted_per_second_of_a_short_window():
+    """Closed loop, 16 in flight, 32 requests of 6 s: the second wave is dispatched as the first ends, so
+    [first dispatch + median E2E, last dispatch] is a sliver holding the whole first wave. Counting those
+    16 completions per second of the sliver would report ~30 req/s for a server doing 16 / 6 s = 2.7."""
+    recs = []
+    for i in range(16):
+        d = i * 0.01
+        recs.append(result(rid=f"a{i}", dispatch=d, chunks=[(d + 0.5, 1), (d + 6.0, 1)]))
+        d2 = d + 6.0
+        recs.append(result(rid=f"b{i}", dispatch=d2, chunks=[(d2 + 0.5, 1), (d2 + 6.0, 1)]))
+    w = steady_state_window(recs)
+    assert w.method == "whole-span" and "one median E2E" in w.note
+    s = summarize(recs)
+    assert s.request_throughput == pytest.approx(32 / 12.15, rel=0.01)
+
+
 def test_warmup_is_excluded_and_failures_sit_next_to_percentiles():
     recs = steady_records(n=12)
     recs[3] = result(rid="3", dispatch=3.0, ok=False, chunks=())

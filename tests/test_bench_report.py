@@ -1,5 +1,6 @@
 """The Phase 2 benchmark report: built from real searches against calibration servers of known capacity."""
 
+import dataclasses
 import json
 
 import pytest
@@ -52,6 +53,17 @@ def test_verdict_says_whether_the_search_brackets_separate(other_failed_at, sepa
     report = bench.BenchmarkReport("t", 100, {}, {}, "hw", {}, [_cfg("A", 2.0, 2.2), _cfg("B", 1.2, other_failed_at)])
     assert report.verdict.startswith("- **A**")
     assert ("a real difference" in report.verdict) == separated
+
+
+def test_verdict_names_a_loser_on_rate_that_wins_on_goodput():
+    """Measured in lab 11 on CPU: the default configuration held p99 TTFT at 4.6 req/s with 22% of requests within
+    the TPOT SLO (0.53 req/s of goodput), while max_num_seqs=8 held it at 1.5 req/s with all of them (1.40)."""
+    admits_all = dataclasses.replace(_cfg("A", 4.6, 6.1), goodput=0.53, goodput_fraction=0.22)
+    capped = dataclasses.replace(_cfg("B", 1.5, 1.9), goodput=1.40, goodput_fraction=1.0)
+    v = bench.BenchmarkReport("t", 100, {}, {}, "hw", {}, [admits_all, capped]).verdict
+    assert v.startswith("- **A**") and "goodput disagrees" in v and "**B** delivered 1.40 req/s" in v
+    same = bench.BenchmarkReport("t", 100, {}, {}, "hw", {}, [_cfg("A", 2.0, 2.2), _cfg("B", 1.2, 1.5)]).verdict
+    assert "goodput disagrees" not in same
 
 
 def test_html_embeds_charts_as_svg(tmp_path):

@@ -97,10 +97,19 @@ def _verdict(configs: list[ConfigResult]) -> str:
         separated = other.first_failing_rate is not None and best.max_rate_within_slo >= other.first_failing_rate
         lines.append(
             f"{other.name}: {other.max_rate_within_slo:.3g} req/s (failed at "
-            f"{other.first_failing_rate if other.first_failing_rate else 'no rate tried'}) — "
+            f"{format(other.first_failing_rate, '.3g') if other.first_failing_rate else 'no rate tried'}) — "
             + ("a real difference: the winner passed at a rate where this one had already failed."
                if separated else "the search brackets overlap, so this run cannot separate the two; "
                                  "more requests per probe (or a finer search) would."))
+    # The target holds p99 TTFT only. A configuration that admits every request keeps TTFT low by slowing
+    # everyone's decode, so the rate it "sustains" can carry less goodput (requests meeting every SLO).
+    most = max((c for c in ranked if c.goodput is not None), key=lambda c: c.goodput, default=None)
+    if most is not None and best.goodput is not None and most is not best and most.goodput > best.goodput:
+        lines.append(
+            f"But goodput disagrees: at its rate only {best.goodput_fraction:.0%} of **{best.name}**'s requests met "
+            f"every SLO ({best.goodput:.2f} req/s), while **{most.name}** delivered {most.goodput:.2f} req/s "
+            f"({most.goodput_fraction:.0%}). A p99 TTFT target alone rewards admitting everything and slowing decode; "
+            "add the TPOT SLO to the target if users feel the decode speed.")
     return "\n".join(f"- {ln}" for ln in lines)
 
 

@@ -867,8 +867,9 @@ class MaxRateResult:
     def __str__(self) -> str:
         lo, hi = self.bracket
         best = f"{self.rate:.3g} req/s" if self.rate is not None else "none (even the lowest rate failed)"
+        fmt = lambda r: "none" if r is None else f"{r:.3g}"  # noqa: E731
         return (f"max rate with {self.metric} p{self.q * 100:g} <= {self.target_ms:g} ms: {best} "
-                f"(passes at {lo}, fails at {hi}; {len(self.probes)} runs)")
+                f"(passes at {fmt(lo)}, fails at {fmt(hi)}; {len(self.probes)} runs)")
 
 
 def find_max_rate(

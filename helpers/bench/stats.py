@@ -197,8 +197,10 @@ def steady_state_window(records: Iterable[RequestResult]) -> Window | None:
 
     When that window holds fewer than ``MIN_WINDOW_COMPLETIONS`` completions or fewer than
     ``MIN_WINDOW_SHARE`` of them (short runs, closed-loop runs of about ``concurrency`` requests, or a
-    saturated server whose E2E outgrows the run), the whole span ``[d0, last end]`` is used and
-    ``note`` says why. ``None`` when nothing was dispatched.
+    saturated server whose E2E outgrows the run), or is shorter than one median E2E (then its
+    completions are one wave bunched at its start, and counting them per second of it would inflate the
+    rate: a closed loop of 2 x concurrency requests does exactly this), the whole span ``[d0, last end]``
+    is used and ``note`` says why. ``None`` when nothing was dispatched.
 
     Introduced in lab 10 (Load Testing Honestly).
     """
@@ -222,6 +224,11 @@ def steady_state_window(records: Iterable[RequestResult]) -> Window | None:
     if w.duration_s <= 0 or inside < need:
         whole.note = (f"steady-state window [first dispatch + median E2E, last dispatch] holds {inside} of "
                       f"{len(done)} completions (< {need}): too short, so the whole span "
+                      "(first dispatch to last end, ramp-up and drain included) is used")
+        return whole
+    if w.duration_s < m:
+        whole.note = (f"steady-state window [first dispatch + median E2E, last dispatch] lasts {w.duration_s:.2f} s, "
+                      f"less than one median E2E ({m:.2f} s): its completions are one bunched wave, so the whole span "
                       "(first dispatch to last end, ramp-up and drain included) is used")
         return whole
     return w
