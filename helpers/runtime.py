@@ -192,6 +192,17 @@ _GPU_WHY = (
 
 LLAMA_8B = "NousResearch/Meta-Llama-3.1-8B-Instruct"  # ungated copy of meta-llama/Llama-3.1-8B-Instruct
 
+
+def _llama_8b(name: str, gpu: str, max_model_len: int, load_scale: float, util: float = 0.90) -> Profile:
+    """A data-centre GPU profile: Llama-3.1-8B-Instruct in bf16; the Sizing Sheet runs at max_model_len."""
+    return Profile(
+        name=name, device="cuda", model=LLAMA_8B, served_model_name="llama-3.1-8b", dtype="bfloat16",
+        max_model_len=max_model_len, engine_args={"gpu_memory_utilization": util}, env={},
+        why=_GPU_WHY.format(gpu=gpu, model="Llama-3.1-8B-Instruct", dtype="bf16", util=util),
+        load_scale=load_scale, sizing_context=max_model_len,
+    )
+
+
 PROFILES: dict[str, Profile] = {
     "cpu": Profile(
         name="cpu", device="cpu", model="default", served_model_name="smollm2", dtype="bfloat16",
@@ -207,36 +218,11 @@ PROFILES: dict[str, Profile] = {
                             dtype="fp16", util=0.85),
         load_scale=4.0, sizing_context=32768,
     ),
-    "l4": Profile(
-        name="l4", device="cuda", model=LLAMA_8B, served_model_name="llama-3.1-8b", dtype="bfloat16",
-        max_model_len=16384, engine_args={"gpu_memory_utilization": 0.90}, env={},
-        why=_GPU_WHY.format(gpu="L4 (24 GB)", model="Llama-3.1-8B-Instruct", dtype="bf16", util=0.90),
-        load_scale=8.0, sizing_context=16384,
-    ),
-    "a100": Profile(
-        name="a100", device="cuda", model=LLAMA_8B, served_model_name="llama-3.1-8b", dtype="bfloat16",
-        max_model_len=131072, engine_args={"gpu_memory_utilization": 0.90}, env={},
-        why=_GPU_WHY.format(gpu="A100 80GB", model="Llama-3.1-8B-Instruct", dtype="bf16", util=0.90),
-        load_scale=32.0, sizing_context=131072,
-    ),
-    "h100": Profile(
-        name="h100", device="cuda", model=LLAMA_8B, served_model_name="llama-3.1-8b", dtype="bfloat16",
-        max_model_len=131072, engine_args={"gpu_memory_utilization": 0.90}, env={},
-        why=_GPU_WHY.format(gpu="H100 80GB", model="Llama-3.1-8B-Instruct", dtype="bf16", util=0.90),
-        load_scale=48.0, sizing_context=131072,
-    ),
-    "h200": Profile(
-        name="h200", device="cuda", model=LLAMA_8B, served_model_name="llama-3.1-8b", dtype="bfloat16",
-        max_model_len=131072, engine_args={"gpu_memory_utilization": 0.90}, env={},
-        why=_GPU_WHY.format(gpu="H200 141GB", model="Llama-3.1-8B-Instruct", dtype="bf16", util=0.90),
-        load_scale=64.0, sizing_context=131072,
-    ),
-    "b200": Profile(
-        name="b200", device="cuda", model=LLAMA_8B, served_model_name="llama-3.1-8b", dtype="bfloat16",
-        max_model_len=131072, engine_args={"gpu_memory_utilization": 0.90}, env={},
-        why=_GPU_WHY.format(gpu="B200 180GB", model="Llama-3.1-8B-Instruct", dtype="bf16", util=0.90),
-        load_scale=96.0, sizing_context=131072,
-    ),
+    "l4": _llama_8b("l4", "L4 (24 GB)", max_model_len=16384, load_scale=8.0),
+    "a100": _llama_8b("a100", "A100 80GB", max_model_len=131072, load_scale=32.0),
+    "h100": _llama_8b("h100", "H100 80GB", max_model_len=131072, load_scale=48.0),
+    "h200": _llama_8b("h200", "H200 141GB", max_model_len=131072, load_scale=64.0),
+    "b200": _llama_8b("b200", "B200 180GB", max_model_len=131072, load_scale=96.0),
 }
 
 
