@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from helpers.bench import (SLO, Poisson, ConstantRate, Concurrent, RequestResult, StreamParser, Timings,
-                           bootstrap_quantile, compare, goodput, itl_values, make_profile, steady_state_window,
-                           summarize)
+                           bootstrap_quantile, compare, goodput, itl_values, make_profile, pooled_itl_median,
+                           steady_state_window, summarize)
 from helpers.bench.records import Request
 
 
@@ -195,6 +195,18 @@ def test_closed_loop_wave_is_not_counted_per_second_of_a_short_window():
     assert w.method == "whole-span" and "one median E2E" in w.note
     s = summarize(recs)
     assert s.request_throughput == pytest.approx(32 / 12.15, rel=0.01)
+
+
+def test_pooled_itl_median_resamples_whole_requests():
+    """Two fast requests (10 ms gaps) and two slow ones (30 ms): the pooled median sits between, and the CI spans
+    most of the gap because whole requests, not tokens, are resampled."""
+    recs = [result(rid=str(i), dispatch=0.0, chunks=[(0.1 + k * g, 1) for k in range(21)])
+            for i, g in enumerate((0.010, 0.010, 0.030, 0.030))]
+    med, (lo, hi) = pooled_itl_median(recs)
+    assert med == pytest.approx(20.0) and lo == pytest.approx(10.0) and hi == pytest.approx(30.0)
+    assert pooled_itl_median(recs[:1]) == (pytest.approx(10.0), None)
+    with pytest.raises(ValueError, match="at least two output tokens"):
+        pooled_itl_median([result(chunks=[(0.1, 1)])])
 
 
 def test_warmup_is_excluded_and_failures_sit_next_to_percentiles():

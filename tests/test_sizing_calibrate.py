@@ -51,6 +51,8 @@ def test_fit_decode_through_origin_and_with_overhead():
     assert one.bandwidth == pytest.approx(bw, rel=1e-9) and one.overhead_s == 0
     with pytest.raises(ValueError, match="different numbers of bytes"):
         sizing.fit_decode(CFG, [(1, 64, 0.02), (1, 64, 0.021)], overhead=True)
+    with pytest.raises(ValueError, match="positive seconds per step"):
+        sizing.fit_decode(CFG, [(1, 64, 0.02), (1, 4096, 0.0)], overhead=True)
 
 
 def test_plan_sheet_budgets_kv_after_weights_and_refuses_what_does_not_fit():

@@ -22,7 +22,7 @@ from .report import BenchmarkReport, ConfigResult
 from .runner import (MaxRateResult, Probe, RunResult, SweepResult, find_max_rate, load_run, reconcile, run,
                      sweep)
 from .stats import (SLO, Comparison, Distribution, Goodput, Summary, Window, bootstrap_quantile, compare,
-                    goodput, metric_values, steady_state_window, summarize)
+                    goodput, metric_values, pooled_itl_median, steady_state_window, summarize)
 from .workloads import (SAMPLE_CHAT, FixedLength, FromJsonl, SharedPrefix, TokenCounter, Workload, WorkloadSpec,
                         load_tokenizer, token_counter)
 
@@ -40,7 +40,7 @@ __all__ = [
     "run", "RunResult", "load_run", "sweep", "SweepResult", "find_max_rate", "MaxRateResult", "Probe", "reconcile",
     # statistics
     "SLO", "Summary", "Distribution", "Window", "Goodput", "Comparison", "summarize", "steady_state_window",
-    "goodput", "compare", "metric_values", "bootstrap_quantile",
+    "goodput", "compare", "metric_values", "bootstrap_quantile", "pooled_itl_median",
     # calibration
     "CalibrationServer", "CalibrationConfig",
     # the Phase 2 report

@@ -78,6 +78,28 @@ def _ci(boot: np.ndarray) -> tuple[float, float] | None:
     return (float(lo), float(hi))
 
 
+def pooled_itl_median(records: Iterable[RequestResult], n_boot: int = _N_BOOT,
+                      seed: int = 0) -> tuple[float, tuple[float, float] | None]:
+    """The median ITL (ms) pooled over the tokens of ``records``, with a 95% CI from resampling whole requests.
+
+    A request's tokens share its moment on the machine (a slow spell slows all of them), so they are
+    not independent samples: resampling tokens would give a CI far too narrow. Resampling requests
+    (a cluster bootstrap) keeps that correlation. The CI is ``None`` with fewer than two requests.
+
+    Introduced in lab 05 (Where the Time Goes).
+    """
+    per_request = [np.asarray(r.itl_ms, dtype=float) for r in _measured(records) if r.itl_ms]
+    if not per_request:
+        raise ValueError("no inter-token latencies in these records: they need at least two output tokens each")
+    median = float(np.median(np.concatenate(per_request)))
+    if len(per_request) < 2:
+        return median, None
+    rng = np.random.default_rng(seed)
+    picks = rng.integers(0, len(per_request), size=(n_boot, len(per_request)))
+    boot = np.array([np.median(np.concatenate([per_request[i] for i in row])) for row in picks])
+    return median, _ci(boot)
+
+
 @dataclass
 class Distribution:
     """Mean, spread and percentiles of one metric, with bootstrap 95% CIs for p50 and p99.

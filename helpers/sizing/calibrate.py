@@ -181,6 +181,9 @@ def fit_decode(cfg: "ModelConfig | Mapping[str, Any] | str", points: Iterable[tu
     pts = [(int(b), int(c), float(s)) for b, c, s in points]
     if not pts:
         raise ValueError("fit_decode needs at least one measured (batch, context, seconds) point")
+    if any(s <= 0 for _, _, s in pts):
+        raise ValueError(f"fit_decode needs positive seconds per step; got {[s for _, _, s in pts]} "
+                         "(a quantile of inter-token latencies can be 0 when tokens arrive in one chunk: use the median)")
     fit = DecodeFit(model=cfg.name, overhead_s=0.0, bandwidth=1.0, points=pts, weight_dtype=wd, kv_dtype=kv_dtype,
                     peak_bandwidth=hw.memory_bandwidth if hw else None, _cfg=cfg)
     X = np.array([[1.0 if overhead else 0.0, fit.step_bytes(b, c)] for b, c, _ in pts])

@@ -22,6 +22,7 @@ class Prediction:
     """One row of the sheet: a predicted value, and the measured one once the lab has it.
 
     ``error`` = (predicted - measured) / measured, ``None`` until measured (or when measured is 0).
+    ``measured_ci`` is the measurement's own 95% CI where it has one (a timing on a shared machine does).
 
     Introduced in lab 05 (Where the Time Goes).
     """
@@ -32,12 +33,26 @@ class Prediction:
     unit: str = ""
     source: str = ""          # how the prediction was made
     measured_by: str = ""     # how the measurement was made
+    measured_ci: tuple[float, float] | None = None
 
     @property
     def error(self) -> float | None:
         if self.measured is None or self.measured == 0:
             return None
         return (self.predicted - self.measured) / self.measured
+
+    def agrees(self, tolerance: float) -> bool:
+        """Within ``tolerance`` of the measurement; with a CI, within ``tolerance`` of some value inside it.
+
+        A measurement known only to +-5% cannot show that a prediction misses by 12% rather than 7%: the
+        prediction fails only when it is more than ``tolerance`` away from every value the measurement allows.
+        """
+        if self.error is None:
+            return True
+        if self.measured_ci is None:
+            return abs(self.error) <= tolerance
+        lo, hi = self.measured_ci
+        return lo * (1 - tolerance) <= self.predicted <= hi * (1 + tolerance)
 
 
 def _fmt(value: float | None, unit: str) -> str:
@@ -93,18 +108,23 @@ class SizingSheet:
     def __contains__(self, name: object) -> bool:
         return any(r.name == name for r in self.rows)
 
-    def measure(self, name: str, value: float, measured_by: str = "") -> Prediction:
-        """Record the measured value of row ``name`` and how it was measured."""
+    def measure(self, name: str, value: float, measured_by: str = "",
+                ci: tuple[float, float] | None = None) -> Prediction:
+        """Record the measured value of row ``name``, how it was measured and, for a noisy one, its 95% CI."""
+        if ci is not None and not ci[0] <= value <= ci[1]:
+            raise ValueError(f"{name}: measured {value} lies outside its own CI {ci}")
         old = self[name]
-        new = dataclasses.replace(old, measured=value, measured_by=measured_by)
+        new = dataclasses.replace(old, measured=value, measured_by=measured_by,
+                                  measured_ci=None if ci is None else (float(ci[0]), float(ci[1])))
         self.rows = [new if r.name == name else r for r in self.rows]
         return new
 
     def within(self, tolerance: float) -> list[Prediction]:
-        """Rows whose measured value misses the prediction by more than ``tolerance`` (0.1 = 10%).
+        """Rows whose measured value misses the prediction by more than ``tolerance`` (0.1 = 10%),
+        allowing for the measurement's CI where it has one (see :meth:`Prediction.agrees`).
 
         Rows not yet measured are not listed (see :meth:`unmeasured`)."""
-        return [r for r in self.rows if r.error is not None and abs(r.error) > tolerance]
+        return [r for r in self.rows if not r.agrees(tolerance)]
 
     def unmeasured(self) -> list[Prediction]:
         return [r for r in self.rows if r.measured is None]
@@ -125,7 +145,8 @@ class SizingSheet:
     def from_dict(cls, data: Mapping[str, Any]) -> "SizingSheet":
         """Rebuild a sheet from :meth:`as_dict` output (``error`` is recomputed, not read)."""
         rows = [Prediction(r["name"], r["predicted"], r.get("measured"), r.get("unit", ""), r.get("source", ""),
-                           r.get("measured_by", "")) for r in data.get("rows", [])]
+                           r.get("measured_by", ""), tuple(r["measured_ci"]) if r.get("measured_ci") else None)
+                for r in data.get("rows", [])]
         return cls(model=data["model"], hardware=data["hardware"], context=int(data["context"]),
                    weight_dtype=data["weight_dtype"], kv_dtype=data["kv_dtype"], rows=rows,
                    notes=data.get("notes", ""))
@@ -154,7 +175,9 @@ class SizingSheet:
         for r in self.rows:
             err = "" if r.error is None else f"{r.error:+.1%}"
             unit = f" ({r.unit})" if r.unit and r.unit not in ("s", "x") else ""
-            lines.append(f"| {r.name}{unit} | {_fmt(r.predicted, r.unit)} | {_fmt(r.measured, r.unit)} | {err} | "
+            measured = _fmt(r.measured, r.unit) + (
+                f" (95% CI {_fmt(r.measured_ci[0], r.unit)} to {_fmt(r.measured_ci[1], r.unit)})" if r.measured_ci else "")
+            lines.append(f"| {r.name}{unit} | {_fmt(r.predicted, r.unit)} | {measured} | {err} | "
                          f"{r.source} | {r.measured_by} |")
         return "\n".join(lines) + "\n"
 
