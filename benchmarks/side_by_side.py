@@ -286,6 +286,20 @@ def _run_subprocess(cmd: list[str], log_path: Path, timeout_s: float, cwd: Path)
     return rc, wall, cpu, sampler
 
 
+def _run_tool(run: "ToolRun", target: "Target", cmd: list[str], out: Path, timeout_s: float, cwd: Path,
+              result: str) -> "_TreeCPU | None":
+    """Run one tool between two /metrics scrapes; fill ``run``'s wall, CPU and server view.
+
+    Returns the CPU sampler, or None (with ``run.error`` saying why) when the tool left no ``out / result``."""
+    before = _scrape(target)
+    rc, run.wall_s, run.cpu_s, cpu = _run_subprocess(cmd, out / "tool.log", timeout_s, cwd)
+    run.server = server_view(before, _scrape(target))
+    if not (out / result).is_file():
+        run.ok, run.error = False, f"exit code {rc}, no {result}:\n{_tail(out / 'tool.log')}"
+        return None
+    return cpu
+
+
 def _tail(path: Path, n: int = 15) -> str:
     try:
         return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
@@ -344,11 +358,8 @@ def run_ours(target: Target, load: Load, out: Path, round_: int) -> ToolRun:
            "--output-len", str(load.output_len), "--seed", str(seed), "--warmup", "0", "--temperature", "0",
            "--out", str(out), "--no-server-metrics", "--no-progress", "--json"]
     run = ToolRun("ours", round_, str(out), "python " + " ".join(cmd[1:]))
-    before = _scrape(target)
-    rc, run.wall_s, run.cpu_s, cpu = _run_subprocess(cmd, out / "tool.log", _timeout(load), ROOT)
-    run.server = server_view(before, _scrape(target))
-    if not (out / "summary.json").is_file():
-        run.ok, run.error = False, f"exit code {rc}, no summary.json:\n{_tail(out / 'tool.log')}"
+    cpu = _run_tool(run, target, cmd, out, _timeout(load), ROOT, "summary.json")
+    if cpu is None:
         return run
     from helpers import bench
 
@@ -421,14 +432,11 @@ def run_vllm(target: Target, load: Load, out: Path, round_: int) -> ToolRun:
     args = vllm_args(target, load, out, round_)
     cmd = [sys.executable, str(Path(__file__).resolve()), _VLLM_RUNNER, *args]
     run = ToolRun("vllm", round_, str(out), "vllm bench serve " + " ".join(args))
-    before = _scrape(target)
     mono_to_wall = time.time() - time.perf_counter()  # perf_counter is CLOCK_MONOTONIC, shared across processes
-    rc, run.wall_s, run.cpu_s, cpu = _run_subprocess(cmd, out / "tool.log", _timeout(load), ROOT)
-    run.server = server_view(before, _scrape(target))
-    path = out / "vllm.json"
-    if not path.is_file():
-        run.ok, run.error = False, f"exit code {rc}, no vllm.json:\n{_tail(out / 'tool.log')}"
+    cpu = _run_tool(run, target, cmd, out, _timeout(load), ROOT, "vllm.json")
+    if cpu is None:
         return run
+    path = out / "vllm.json"
     v = json.loads(path.read_text())
     errors = v.get("errors") or [""] * len(v["ttfts"])
     for i in range(len(v["ttfts"])):
@@ -496,13 +504,10 @@ def run_guidellm(target: Target, load: Load, out: Path, round_: int, exe: Path) 
     scenario.write_text(json.dumps(guidellm_scenario(target, load, out, round_), indent=2))
     cmd = [str(exe), "run", "--scenario", str(scenario), "--disable-console-interactive"]
     run = ToolRun("guidellm", round_, str(out), f"guidellm run --scenario {scenario}")
-    before = _scrape(target)
-    rc, run.wall_s, run.cpu_s, cpu = _run_subprocess(cmd, out / "tool.log", _timeout(load) + 120, out)
-    run.server = server_view(before, _scrape(target))
-    path = out / "benchmarks.json"
-    if not path.is_file():
-        run.ok, run.error = False, f"exit code {rc}, no benchmarks.json:\n{_tail(out / 'tool.log')}"
+    cpu = _run_tool(run, target, cmd, out, _timeout(load) + 120, out, "benchmarks.json")
+    if cpu is None:
         return run
+    path = out / "benchmarks.json"
     g = json.loads(path.read_text())
     b = g["benchmarks"][0]
     for status in ("successful", "errored", "incomplete"):
