@@ -12,21 +12,29 @@ from __future__ import annotations
 import math
 import threading
 import time
-from dataclasses import dataclass, field
-from typing import Iterable, Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any, Iterable, Mapping
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-__all__ = ["Sample", "Snapshot", "scrape", "parse", "Sampler", "MetricsUnavailable"]
+__all__ = ["Sample", "Snapshot", "scrape", "parse", "Sampler", "MetricsUnavailable", "ServerView", "server_root"]
 
 
 class MetricsUnavailable(RuntimeError):
-    """The server has no usable ``/metrics`` endpoint."""
+    """The server has no usable ``/metrics`` endpoint.
+
+    Introduced in lab 02 (Prefill and Decode).
+    """
 
 
 @dataclass(frozen=True)
 class Sample:
+    """One sample of a scrape: metric name, labels, value.
+
+    Introduced in lab 02 (Prefill and Decode).
+    """
+
     name: str
     labels: tuple[tuple[str, str], ...]
     value: float
@@ -115,7 +123,10 @@ class Snapshot:
 
 
 def parse(text: str, t: float | None = None) -> Snapshot:
-    """Parse Prometheus exposition text into a :class:`Snapshot`."""
+    """Parse Prometheus exposition text into a :class:`Snapshot`.
+
+    Introduced in lab 02 (Prefill and Decode).
+    """
     samples = []
     for family in text_string_to_metric_families(text):
         for s in family.samples:
@@ -123,14 +134,20 @@ def parse(text: str, t: float | None = None) -> Snapshot:
     return Snapshot(t=time.time() if t is None else t, samples=samples)
 
 
+def server_root(url: str) -> str:
+    """``http://host:port`` from a server's URL, whether or not it ends in ``/v1`` (the OpenAI base URL).
+
+    Introduced in lab 02 (Prefill and Decode).
+    """
+    return url.rstrip("/").removesuffix("/v1")
+
+
 def scrape(base_url: str, timeout: float = 10.0, api_key: str | None = None) -> Snapshot:
     """GET ``/metrics`` from a vLLM server (``base_url`` may end in ``/v1``).
 
     Introduced in lab 02 (Prefill and Decode).
     """
-    root = base_url.rstrip("/")
-    if root.endswith("/v1"):
-        root = root[:-3]
+    root = server_root(base_url)
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     try:
         r = httpx.get(f"{root}/metrics", timeout=timeout, headers=headers)
@@ -160,8 +177,7 @@ class Sampler:
     """
 
     def __init__(self, base_url: str, names: Iterable[str], interval: float = 0.25, api_key: str | None = None):
-        root = base_url.rstrip("/")
-        root = root[:-3] if root.endswith("/v1") else root
+        root = server_root(base_url)
         self.url, self.names, self.interval = f"{root}/metrics", tuple(names), interval
         self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.rows: list[dict[str, float]] = []
@@ -199,3 +215,128 @@ class Sampler:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+# --------------------------------------------------------------------------------- the server's view
+def _num(v: float | None) -> float | None:
+    return None if v is None or (isinstance(v, float) and math.isnan(v)) else float(v)
+
+
+_KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")  # new name, and vLLM < 0.10's
+
+
+@dataclass
+class ServerView:
+    """What a vLLM server's ``/metrics`` says happened during a run: deltas between two scrapes, gauge maxima
+    from samples taken during it.
+
+    Latencies are means in milliseconds from histogram deltas (``_sum / _count``). Gauge maxima come from the
+    samples and both scrapes, so a spike shorter than the sampling interval can be missed. Counters include
+    requests that failed. Speculative decoding fields are set when the server drafts (``vllm:spec_decode_*``):
+    ``spec_acceptance_rate`` = accepted / drafted tokens, ``spec_mean_acceptance_length`` = 1 + accepted / drafts
+    (tokens per step, the verified token included).
+
+    Introduced in lab 07 (Continuous Batching).
+    """
+
+    available: bool = True
+    note: str = ""
+    requests: float | None = None
+    ttft_mean_ms: float | None = None
+    e2e_mean_ms: float | None = None
+    tpot_mean_ms: float | None = None
+    itl_mean_ms: float | None = None
+    queue_mean_ms: float | None = None
+    prefill_mean_ms: float | None = None
+    decode_mean_ms: float | None = None
+    kv_cache_usage_max: float | None = None
+    num_requests_running_max: float | None = None
+    num_requests_waiting_max: float | None = None
+    gauge_samples: int = 0
+    preemptions: float | None = None
+    prefix_cache_queries: float | None = None
+    prefix_cache_hits: float | None = None
+    prompt_tokens: float | None = None
+    generation_tokens: float | None = None
+    spec_drafts: float | None = None
+    spec_draft_tokens: float | None = None
+    spec_accepted_tokens: float | None = None
+    spec_accepted_per_position: list[float] = field(default_factory=list)
+
+    @property
+    def prefix_cache_hit_rate(self) -> float | None:
+        q, h = self.prefix_cache_queries, self.prefix_cache_hits
+        return h / q if q and h is not None else None
+
+    @property
+    def spec_acceptance_rate(self) -> float | None:
+        d, a = self.spec_draft_tokens, self.spec_accepted_tokens
+        return a / d if d and a is not None else None
+
+    @property
+    def spec_mean_acceptance_length(self) -> float | None:
+        n, a = self.spec_drafts, self.spec_accepted_tokens
+        return 1.0 + a / n if n and a is not None else None
+
+    @classmethod
+    def unavailable(cls, note: str) -> "ServerView":
+        return cls(available=False, note=note)
+
+    @classmethod
+    def between(cls, before: Snapshot | None, after: Snapshot | None,
+                gauges: Iterable[Mapping[str, float]] = ()) -> "ServerView":
+        """The view of everything between scrapes ``before`` and ``after``, with gauge ``samples`` taken between."""
+        if before is None or after is None:
+            return cls.unavailable("no /metrics scrape before or after the run")
+        d = after.delta(before)
+        rows = list(gauges)
+
+        def ms(name: str) -> float | None:
+            v = _num(d.histogram_mean(name))
+            return None if v is None else v * 1000.0
+
+        def gmax(*names: str) -> float | None:
+            for name in names:
+                vals = [float(g[name]) for g in rows if g.get(name) is not None and not math.isnan(g[name])]
+                vals += [v for v in (before.value(name), after.value(name)) if not math.isnan(v)]
+                if vals:
+                    return max(vals)
+            return None
+
+        per_pos = sorted(((int(s.label_dict.get("position", -1)), s.value) for s in d.samples
+                          if s.name == "vllm:spec_decode_num_accepted_tokens_per_pos_total"))
+        return cls(
+            requests=_num(d.value("vllm:time_to_first_token_seconds_count")),
+            ttft_mean_ms=ms("vllm:time_to_first_token_seconds"),
+            e2e_mean_ms=ms("vllm:e2e_request_latency_seconds"),
+            tpot_mean_ms=ms("vllm:request_time_per_output_token_seconds"),
+            itl_mean_ms=ms("vllm:inter_token_latency_seconds"),
+            queue_mean_ms=ms("vllm:request_queue_time_seconds"),
+            prefill_mean_ms=ms("vllm:request_prefill_time_seconds"),
+            decode_mean_ms=ms("vllm:request_decode_time_seconds"),
+            kv_cache_usage_max=gmax(*_KV_USAGE),
+            num_requests_running_max=gmax("vllm:num_requests_running"),
+            num_requests_waiting_max=gmax("vllm:num_requests_waiting"),
+            gauge_samples=len(rows),
+            preemptions=_num(d.value("vllm:num_preemptions_total")),
+            prefix_cache_queries=_num(d.value("vllm:prefix_cache_queries_total")),
+            prefix_cache_hits=_num(d.value("vllm:prefix_cache_hits_total")),
+            prompt_tokens=_num(d.value("vllm:prompt_tokens_total")),
+            generation_tokens=_num(d.value("vllm:generation_tokens_total")),
+            spec_drafts=_num(d.value("vllm:spec_decode_num_drafts_total")),
+            spec_draft_tokens=_num(d.value("vllm:spec_decode_num_draft_tokens_total")),
+            spec_accepted_tokens=_num(d.value("vllm:spec_decode_num_accepted_tokens_total")),
+            spec_accepted_per_position=[v for _, v in per_pos],
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d.update(prefix_cache_hit_rate=self.prefix_cache_hit_rate, spec_acceptance_rate=self.spec_acceptance_rate,
+                 spec_mean_acceptance_length=self.spec_mean_acceptance_length)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any] | None) -> "ServerView | None":
+        if d is None:
+            return None
+        return cls(**{k: v for k, v in d.items() if k in cls.__dataclass_fields__})

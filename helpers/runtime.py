@@ -1,12 +1,14 @@
 """Which machine a lab runs on, and the profile it runs with.
 
-A *profile* fixes what differs between a CPU-only CI runner, a Colab T4 and an H200: the model,
-its dtype, the context length, the memory knobs and how much load a lab may generate. Every lab
-reads one in its parameters cell::
+A *profile* fixes what differs between a CPU-only CI runner, a Colab T4 and an H200: the model, its dtype,
+the context length, the memory knob and how much load a lab may generate. Every lab reads one in its
+parameters cell::
 
     PROFILE = runtime.profile()          # detected; LABS_PROFILE=h100 overrides
 
-so the same notebook runs in CI on CPU and on a learner's GPU.
+Everything else a device decides — block size, number of KV blocks, the scheduler's token budget — a lab reads
+from the live server, and the device-dependent sizes it uses come from :mod:`helpers.plan`, which a test
+evaluates for every profile. So the same notebook runs in CI on CPU and on a learner's GPU.
 """
 
 from __future__ import annotations
@@ -20,25 +22,26 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import settings
+from .settings import data_dir, quick, reports_dir, repo_root, runs_dir
+
 __all__ = [
-    "GPU",
-    "Machine",
-    "Profile",
-    "PROFILES",
-    "detect",
-    "profile",
-    "quick",
-    "choose_profile",
+    "GPU", "Machine", "Profile", "PROFILES", "detect", "profile", "choose_profile", "cpu_profile",
+    "quick", "data_dir", "reports_dir", "repo_root", "runs_dir", "parse_nvidia_smi", "parse_cpuinfo",
 ]
 
 
 @dataclass(frozen=True)
 class GPU:
-    """One NVIDIA GPU as ``nvidia-smi`` reports it."""
+    """One NVIDIA GPU as ``nvidia-smi`` reports it.
+
+    Introduced in lab 01 (One GPU, One Model).
+    """
 
     name: str
     memory_gib: float
     compute_capability: tuple[int, int]
+    driver: str | None = None
 
     @property
     def supports_bf16(self) -> bool:
@@ -56,6 +59,10 @@ class GPU:
         return self.compute_capability >= (10, 0)
 
 
+#: The CPU instructions that decide how the CPU profile runs (``/proc/cpuinfo`` flag names).
+CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
+
+
 @dataclass(frozen=True)
 class Machine:
     """What this lab is running on.
@@ -68,6 +75,9 @@ class Machine:
     cpu_count: int
     memory_gib: float
     python: str = field(default_factory=lambda: platform.python_version())
+    cpu_name: str = ""
+    cpu_flags: frozenset[str] = frozenset()
+    node_memory_gib: float | None = None  # NUMA node 0's memory, which vLLM's CPU backend sizes from
 
     @property
     def has_gpu(self) -> bool:
@@ -77,6 +87,11 @@ class Machine:
     def device(self) -> str:
         return "cuda" if self.gpus else "cpu"
 
+    @property
+    def native_bf16(self) -> bool:
+        """True when the CPU computes bf16 in hardware (AMX or AVX512-BF16); elsewhere PyTorch emulates it."""
+        return bool({"amx_bf16", "avx512_bf16"} & self.cpu_flags)
+
     def describe(self) -> str:
         where = "Colab" if self.is_colab else platform.node() or "this machine"
         if self.gpus:
@@ -84,8 +99,26 @@ class Machine:
             cc = ".".join(map(str, g.compute_capability))
             gpu = f"{len(self.gpus)} x {g.name} ({g.memory_gib:.0f} GiB, compute capability {cc})"
         else:
-            gpu = "no NVIDIA GPU"
+            flags = ", ".join(f for f in CPU_FLAGS if f in self.cpu_flags) or "no AVX2"
+            gpu = f"no NVIDIA GPU; CPU {self.cpu_name or '?'} ({flags})"
         return f"{where}: {gpu}, {self.cpu_count} CPU cores, {self.memory_gib:.0f} GiB RAM"
+
+
+def parse_nvidia_smi(csv_text: str) -> list[GPU]:
+    """Parse ``nvidia-smi --query-gpu=name,memory.total,compute_cap[,driver_version] --format=csv,noheader,nounits``.
+
+    Introduced in lab 01 (One GPU, One Model).
+    """
+    gpus = []
+    for line in csv_text.strip().splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) < 3:
+            continue
+        name, mem_mib, cc = parts[0], parts[1], parts[2]
+        major, _, minor = cc.partition(".")
+        gpus.append(GPU(name=name, memory_gib=float(mem_mib) / 1024, compute_capability=(int(major), int(minor or 0)),
+                        driver=parts[3] if len(parts) > 3 else None))
+    return gpus
 
 
 def _nvidia_gpus() -> tuple[GPU, ...]:
@@ -94,26 +127,35 @@ def _nvidia_gpus() -> tuple[GPU, ...]:
         return ()
     try:
         out = subprocess.run(
-            [smi, "--query-gpu=name,memory.total,compute_cap", "--format=csv,noheader,nounits"],
-            capture_output=True, text=True, timeout=20, check=True,
-        ).stdout
+            [smi, "--query-gpu=name,memory.total,compute_cap,driver_version", "--format=csv,noheader,nounits"],
+            capture_output=True, text=True, timeout=20, check=True).stdout
     except (subprocess.SubprocessError, OSError):
         return ()
     return tuple(parse_nvidia_smi(out))
 
 
-def parse_nvidia_smi(csv_text: str) -> list[GPU]:
-    """Parse ``nvidia-smi --query-gpu=name,memory.total,compute_cap --format=csv,noheader,nounits``."""
-    gpus = []
-    for line in csv_text.strip().splitlines():
-        parts = [p.strip() for p in line.split(",")]
-        if len(parts) < 3:
-            continue
-        name, mem_mib, cc = parts[0], parts[1], parts[2]
-        major, _, minor = cc.partition(".")
-        gpus.append(GPU(name=name, memory_gib=float(mem_mib) / 1024,
-                        compute_capability=(int(major), int(minor or 0))))
-    return gpus
+def parse_cpuinfo(text: str) -> tuple[str, frozenset[str]]:
+    """The CPU's model name and which of :data:`CPU_FLAGS` it has, from ``/proc/cpuinfo``.
+
+    Introduced in lab 01 (One GPU, One Model).
+    """
+    name, flags = "", set()
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        key = key.strip()
+        if key == "model name" and not name:
+            name = value.strip()
+        elif key == "flags" and not flags:
+            flags = set(value.split())
+    return name, frozenset(f for f in CPU_FLAGS if f in flags)
+
+
+def _cpu() -> tuple[str, frozenset[str]]:
+    try:
+        with open("/proc/cpuinfo") as fh:
+            return parse_cpuinfo(fh.read())
+    except OSError:  # not Linux: no flags known, so the CPU profile stays on the safe float32
+        return platform.processor(), frozenset()
 
 
 def _memory_gib() -> float:
@@ -125,16 +167,31 @@ def _memory_gib() -> float:
         return float("nan")
 
 
+def _node_memory_gib() -> float | None:
+    """NUMA node 0's MemTotal (``/sys/devices/system/node/node0/meminfo``): what vLLM's CPU backend takes as the
+    machine's memory. It can be far less than the total (a VM here reports 8.7 of its 23 GiB in node 0)."""
+    try:
+        with open("/sys/devices/system/node/node0/meminfo") as fh:
+            for line in fh:
+                parts = line.split()
+                if len(parts) >= 4 and parts[2] == "MemTotal:":
+                    return int(parts[3]) * 1024 / 2**30
+    except (OSError, ValueError):
+        pass
+    return None
+
+
 def detect() -> Machine:
-    """Detect Colab, the NVIDIA GPUs (name, memory, compute capability) and the CPU.
+    """Detect Colab, the NVIDIA GPUs (name, memory, compute capability, driver), the CPU's instructions and memory.
 
     Introduced in lab 01 (One GPU, One Model).
     """
+    name, flags = _cpu()
     return Machine(
         is_colab="google.colab" in sys.modules or "COLAB_RELEASE_TAG" in os.environ,
         gpus=_nvidia_gpus(),
         cpu_count=len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1,
-        memory_gib=_memory_gib(),
+        memory_gib=_memory_gib(), cpu_name=name, cpu_flags=flags, node_memory_gib=_node_memory_gib(),
     )
 
 
@@ -142,10 +199,11 @@ def detect() -> Machine:
 class Profile:
     """Everything that differs between machines, in one place.
 
-    ``model`` is ``"default"`` (the embedded SmolLM2-135M-Instruct, see :mod:`helpers.models`), a local
-    path, or a Hugging Face id. ``engine_args`` are vLLM engine arguments (``max_model_len=2048`` becomes
-    ``--max-model-len 2048``); ``env`` is set in the server's environment. ``why`` says, for a lab to
-    print, why each choice was made.
+    ``model`` is a Hugging Face id (the CPU's is this project's cached SmolLM2, see :mod:`helpers.models`) or a
+    local path. ``engine_args`` are vLLM engine arguments (``max_model_len=2048`` becomes ``--max-model-len
+    2048``); ``env`` is set in the server's environment. ``gpu_memory_gib`` is the card's memory (``None`` on
+    CPU); ``hardware`` names its entry in ``helpers.sizing.HARDWARE``. ``load_scale`` multiplies the rates a lab
+    offers (CPU = 1). ``why`` says, for a lab to print, why each choice was made.
 
     Introduced in lab 01 (One GPU, One Model).
     """
@@ -159,30 +217,40 @@ class Profile:
     engine_args: dict[str, Any]
     env: dict[str, str]
     why: str
-    # How much load a lab may generate: a multiplier on request counts and rates (CPU = 1).
     load_scale: float = 1.0
-    # Long-context sizing (the Sizing Sheet): the context a GPU profile sizes for.
     sizing_context: int = 8192
+    gpu_memory_gib: float | None = None
+    hardware: str = "cpu"
+
+    @property
+    def utilization(self) -> float:
+        """``gpu_memory_utilization``: of the card on a GPU, of RAM on CPU (vLLM's CPU backend reads it so too)."""
+        return float(self.engine_args.get("gpu_memory_utilization", 0.9))
 
     def server_kwargs(self, **overrides: Any) -> dict[str, Any]:
-        """Arguments for :func:`helpers.server.start`: model, name, dtype, max_model_len, knobs and env."""
+        """Arguments for :func:`helpers.server.Server`: model, name, dtype, max_model_len, knobs and env."""
         args = {"dtype": self.dtype, "max_model_len": self.max_model_len, **self.engine_args}
         env = dict(self.env)
-        env.update(overrides.pop("env", {}) or {})
-        args.update(overrides)
+        env.update(overrides.pop("env", None) or {})
+        args.update({k.replace("-", "_"): v for k, v in overrides.items()})
         return {"model": self.model, "served_model_name": self.served_model_name, "engine_args": args, "env": env}
 
     def replace(self, **changes: Any) -> "Profile":
         return dataclasses.replace(self, **changes)
 
 
+#: What the CPU worker should get in all (weights, activations and KV cache), as a share of RAM: vLLM's CPU
+#: backend gives the KV cache utilization x RAM minus what the worker already holds (~1-1.5 GiB here).
+CPU_WORKER_GIB = 2.5
+
 _CPU_WHY = (
-    "CPU: the embedded SmolLM2-135M-Instruct in bf16. `optimization_level=0` skips torch.compile: measured "
-    "here, a compiled start takes ~80 s every time (its cache never loads) against ~30 s, for ~10-20% faster "
-    "decode; labs restart servers often, so start-up wins. VLLM_CPU_NUM_OF_RESERVED_CPU=0 lets the engine use "
-    "every core (by default it leaves one to the API server). The KV cache gets a fixed 1 GiB "
-    "(--kv-cache-memory-bytes), the CPU's stand-in for --gpu-memory-utilization; max_model_len is the model's "
-    "full 8,192 tokens, so one server serves every lab up to the Sizing Sheet."
+    "CPU: SmolLM2-135M-Instruct (this project's offline copy, served by its hub id with HF_HUB_OFFLINE=1, as a GPU "
+    "serves Llama) in {dtype}: {dtype_why} `optimization_level=0` skips torch.compile: measured here, a compiled "
+    "start takes ~80 s every time (its cache never loads) against ~30-45 s, for ~10-20% faster decode; labs "
+    "restart servers often, so start-up wins. VLLM_CPU_NUM_OF_RESERVED_CPU=0 lets the engine use every core. "
+    "--gpu-memory-utilization {util} asks for {worker:.1f} GiB of the {ram:.1f} GiB vLLM sees (NUMA node 0) for the "
+    "worker: on CPU vLLM reads that flag as a share of RAM and gives the KV cache what the weights and activations "
+    "leave, as on a GPU. max_model_len is the model's full 8,192 tokens."
 )
 _GPU_WHY = (
     "{gpu}: {model} in {dtype}. CUDA graphs and torch.compile stay on (the default): on a GPU the compile "
@@ -191,38 +259,70 @@ _GPU_WHY = (
 )
 
 LLAMA_8B = "NousResearch/Meta-Llama-3.1-8B-Instruct"  # ungated copy of meta-llama/Llama-3.1-8B-Instruct
+QWEN_1_5B = "Qwen/Qwen2.5-1.5B-Instruct"
 
 
-def _llama_8b(name: str, gpu: str, max_model_len: int, load_scale: float, util: float = 0.90) -> Profile:
+def _llama_8b(name: str, gpu: str, memory_gib: float, max_model_len: int, load_scale: float,
+              util: float = 0.90) -> Profile:
     """A data-centre GPU profile: Llama-3.1-8B-Instruct in bf16; the Sizing Sheet runs at max_model_len."""
     return Profile(
         name=name, device="cuda", model=LLAMA_8B, served_model_name="llama-3.1-8b", dtype="bfloat16",
         max_model_len=max_model_len, engine_args={"gpu_memory_utilization": util}, env={},
         why=_GPU_WHY.format(gpu=gpu, model="Llama-3.1-8B-Instruct", dtype="bf16", util=util),
-        load_scale=load_scale, sizing_context=max_model_len,
+        load_scale=load_scale, sizing_context=max_model_len, gpu_memory_gib=memory_gib, hardware=name,
     )
 
 
-PROFILES: dict[str, Profile] = {
-    "cpu": Profile(
-        name="cpu", device="cpu", model="default", served_model_name="smollm2", dtype="bfloat16",
-        max_model_len=8192,
-        engine_args={"optimization_level": 0, "kv_cache_memory_bytes": 2**30},
+def cpu_profile(machine: Machine | None = None) -> Profile:
+    """The CPU profile fitted to ``machine``: bf16 where the CPU computes it natively (AMX, AVX512-BF16), else
+    float32; the worker's share of RAM set so the KV cache gets about a gibibyte.
+
+    Measured with vLLM 0.32 on a 2-core Xeon with AVX-512 but no native bf16: bf16 decoded 24 tokens/s at
+    concurrency 1 and 86 at 16, float32 14.5 and 183 (bf16 halves the bytes read but is emulated in compute); on a
+    2-core AMD EPYC with AVX2 only, a 2,048-token prefill took 28 s in bf16 and 8.6 s in float32.
+
+    Introduced in lab 01 (One GPU, One Model).
+    """
+    machine = machine or detect()
+    forced = settings.cpu_dtype()
+    if forced:
+        dtype, dtype_why = forced, f"forced by LABS_CPU_DTYPE={forced}."
+    elif machine.native_bf16:
+        dtype, dtype_why = "bfloat16", ("this CPU computes bf16 natively (" + ", ".join(
+            sorted({"amx_bf16", "avx512_bf16"} & machine.cpu_flags)) + "), and bf16 halves the bytes read per token.")
+    else:
+        dtype, dtype_why = "float32", ("this CPU has no native bf16 (no AMX, no AVX512-BF16), so bf16 would be "
+                                       "emulated: float32 reads twice the bytes but computes at full speed.")
+    ram = machine.node_memory_gib or machine.memory_gib
+    ram = ram if ram == ram else 16.0  # NaN: assume 16 GiB
+    util = round(min(0.5, CPU_WORKER_GIB / ram), 3)
+    return Profile(
+        name="cpu", device="cpu", model="llm-serving-labs/smollm2-135m-instruct", served_model_name="smollm2",
+        dtype=dtype, max_model_len=8192, engine_args={"optimization_level": 0, "gpu_memory_utilization": util},
         env={"VLLM_CPU_NUM_OF_RESERVED_CPU": "0"},
-        why=_CPU_WHY, load_scale=1.0, sizing_context=8192,
-    ),
+        why=_CPU_WHY.format(dtype=dtype, dtype_why=dtype_why, util=util, worker=util * ram, ram=ram),
+        load_scale=1.0, sizing_context=8192, gpu_memory_gib=None, hardware="cpu",
+    )
+
+
+_NOMINAL_CPU = Machine(is_colab=False, gpus=(), cpu_count=2, memory_gib=24.0, cpu_name="nominal 2-core x86-64",
+                       cpu_flags=frozenset({"avx2"}))
+
+PROFILES: dict[str, Profile] = {
+    # The CPU entry is for a nominal 2-core, 24 GiB machine without native bf16; profile() fits it to the real one.
+    "cpu": cpu_profile(_NOMINAL_CPU),
     "colab-t4": Profile(
-        name="colab-t4", device="cuda", model="Qwen/Qwen2.5-1.5B-Instruct", served_model_name="qwen2.5-1.5b",
+        name="colab-t4", device="cuda", model=QWEN_1_5B, served_model_name="qwen2.5-1.5b",
         dtype="float16", max_model_len=8192, engine_args={"gpu_memory_utilization": 0.85}, env={},
         why=_GPU_WHY.format(gpu="T4 (16 GB, compute capability 7.5, no bf16)", model="Qwen2.5-1.5B-Instruct",
                             dtype="fp16", util=0.85),
-        load_scale=4.0, sizing_context=32768,
+        load_scale=4.0, sizing_context=32768, gpu_memory_gib=15.0, hardware="t4",
     ),
-    "l4": _llama_8b("l4", "L4 (24 GB)", max_model_len=16384, load_scale=8.0),
-    "a100": _llama_8b("a100", "A100 80GB", max_model_len=131072, load_scale=32.0),
-    "h100": _llama_8b("h100", "H100 80GB", max_model_len=131072, load_scale=48.0),
-    "h200": _llama_8b("h200", "H200 141GB", max_model_len=131072, load_scale=64.0),
-    "b200": _llama_8b("b200", "B200 180GB", max_model_len=131072, load_scale=96.0),
+    "l4": _llama_8b("l4", "L4 (24 GB)", 22.5, max_model_len=16384, load_scale=8.0),
+    "a100": _llama_8b("a100", "A100 80GB", 80.0, max_model_len=131072, load_scale=32.0),
+    "h100": _llama_8b("h100", "H100 80GB", 79.6, max_model_len=131072, load_scale=48.0),
+    "h200": _llama_8b("h200", "H200 141GB", 140.4, max_model_len=131072, load_scale=64.0),
+    "b200": _llama_8b("b200", "B200 180GB", 178.4, max_model_len=131072, load_scale=96.0),
 }
 
 
@@ -250,12 +350,12 @@ def choose_profile(machine: Machine) -> str:
 def profile(name: str | None = None, machine: Machine | None = None) -> Profile:
     """The profile a lab runs with: ``name``, else ``$LABS_PROFILE``, else the detected machine's.
 
-    A named GPU profile on a machine without a GPU is refused with a message (it would fail later,
-    inside vLLM, with a worse one).
+    The CPU profile is fitted to the machine (:func:`cpu_profile`). A named GPU profile on a machine without a GPU
+    is refused with a message (it would fail later, inside vLLM, with a worse one).
 
     Introduced in lab 01 (One GPU, One Model).
     """
-    name = name or os.environ.get("LABS_PROFILE") or None
+    name = name or settings.profile_name()
     machine = machine or detect()
     if name is None:
         name = choose_profile(machine)
@@ -265,59 +365,5 @@ def profile(name: str | None = None, machine: Machine | None = None) -> Profile:
     if prof.device == "cuda" and not machine.has_gpu:
         raise RuntimeError(
             f"profile {name!r} needs an NVIDIA GPU and this machine has none ({machine.describe()}). "
-            "Use profile 'cpu' (unset LABS_PROFILE), or run on a GPU runtime (Colab: Runtime > Change runtime type)."
-        )
-    return prof
-
-
-def quick() -> bool:
-    """True when CI asks for CI-sized loads (``LABS_QUICK=1``, set by ``make test``).
-
-    Introduced in lab 01 (One GPU, One Model).
-    """
-    return os.environ.get("LABS_QUICK", "").lower() in {"1", "true", "yes"}
-
-
-# ------------------------------------------------------------------------------------------ paths
-COLAB_CLONE = "/content/llm-serving-labs"
-
-
-def repo_root() -> "Path":
-    """The labs' repository: ``$LABS_HOME``, else the checkout this package is installed from, else the
-    working directory or one above it (a notebook runs in labs/), else the Colab clone.
-
-    Introduced in lab 01 (One GPU, One Model).
-    """
-    from pathlib import Path
-
-    if os.environ.get("LABS_HOME"):
-        return Path(os.environ["LABS_HOME"])
-    here = Path(__file__).resolve().parent.parent
-    candidates = [here, Path.cwd(), Path.cwd().parent, Path(COLAB_CLONE)]
-    for c in candidates:
-        if (c / "labs").is_dir() and (c / "data").is_dir():
-            return c
-    raise FileNotFoundError(
-        "cannot find the labs repository (a folder with labs/ and data/). Run from the repository, "
-        "or set LABS_HOME to it."
-    )
-
-
-def data_dir() -> "Path":
-    """``data/`` in the repository: prompts, configs and eval sets that the labs ship.
-
-    Introduced in lab 01 (One GPU, One Model).
-    """
-    return repo_root() / "data"
-
-
-def reports_dir() -> "Path":
-    """Where phase artifacts go: ``$LABS_REPORTS``, else ``reports/`` in the repository (created).
-
-    Introduced in lab 05 (Where the Time Goes).
-    """
-    from pathlib import Path
-
-    d = Path(os.environ["LABS_REPORTS"]) if os.environ.get("LABS_REPORTS") else repo_root() / "reports"
-    d.mkdir(parents=True, exist_ok=True)
-    return d
+            "Use profile 'cpu' (unset LABS_PROFILE), or run on a GPU runtime (Colab: Runtime > Change runtime type).")
+    return cpu_profile(machine) if prof.device == "cpu" else prof

@@ -2,7 +2,9 @@
 
 Invoked as ``fake_vllm.py -m vllm.entrypoints.openai.api_server --model M --host H --port P ...``.
 FAKE_VLLM_MODE picks a behaviour: serve (answer /v1/models after FAKE_VLLM_DELAY s), crash (log a
-real vLLM error and exit 3), hang (never listen), spawn (serve, with a child process of its own).
+real vLLM error and exit 3), hang (never listen), spawn (serve, with a child process of its own), stubborn
+(serve, with a child that ignores SIGTERM, as vLLM's EngineCore was seen to). With VLLM_API_KEY set, /v1/models
+needs ``Authorization: Bearer <key>``, as vLLM's /v1 routes do.
 """
 
 import http.server
@@ -24,10 +26,14 @@ if mode == "crash":
     sys.exit(3)
 if mode == "hang":
     time.sleep(3600)
-if mode == "spawn":
-    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])
+if mode in ("spawn", "stubborn"):
+    code = "import time; time.sleep(3600)"
+    if mode == "stubborn":
+        code = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(3600)"
+    child = subprocess.Popen([sys.executable, "-c", code])
     with open(os.environ["FAKE_VLLM_CHILD_PID_FILE"], "w") as fh:
         fh.write(str(child.pid))
+KEY = os.environ.get("VLLM_API_KEY")
 
 time.sleep(float(os.environ.get("FAKE_VLLM_DELAY", "0.3")))
 print("(EngineCore pid=1) INFO [kv_cache_utils.py:2327] CPU KV cache size: 46,592 tokens, "
@@ -36,7 +42,10 @@ print("(EngineCore pid=1) INFO [kv_cache_utils.py:2327] CPU KV cache size: 46,59
 
 class Handler(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
-        if self.path in ("/v1/models", "/health"):
+        if self.path == "/v1/models" and KEY and self.headers.get("Authorization") != f"Bearer {KEY}":
+            body = b'{"error":"Unauthorized"}'
+            self.send_response(401)
+        elif self.path in ("/v1/models", "/health"):
             body = b'{"object":"list","data":[{"id":"fake"}]}'
             self.send_response(200)
         else:

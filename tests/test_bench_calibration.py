@@ -105,15 +105,15 @@ def test_client_overhead_is_measured_and_small(truth_run):
 
 def test_server_metrics_are_reconciled(truth_run):
     res, truth = truth_run
-    srv = res.summary.server
-    assert srv["available"]
-    assert srv["server_requests"] == 90  # scraped after warmup: warmup not included
-    assert srv["server_ttft_mean_ms"] == pytest.approx(np.mean([t["ttft_s"] for t in truth.values()
-                                                                if not t["id"].startswith("warmup")]) * 1000, rel=0.01)
-    assert 0 <= srv["ttft_gap_ms"] < 5.0
-    assert srv["server_generation_tokens"] == srv["client_output_tokens"] == 90 * N_OUT
-    assert srv["server_prompt_tokens"] == srv["client_input_tokens"]
-    assert srv["gauge_samples"] >= 3 and srv["num_requests_running_max"] >= 1
+    srv, rec = res.summary.server, res.summary.reconciliation
+    assert srv.available
+    assert srv.requests == 90  # scraped after warmup: warmup not included
+    assert srv.ttft_mean_ms == pytest.approx(np.mean([t["ttft_s"] for t in truth.values()
+                                                      if not t["id"].startswith("warmup")]) * 1000, rel=0.01)
+    assert 0 <= rec["ttft_gap_ms"] < 5.0
+    assert srv.generation_tokens == rec["client_output_tokens"] == 90 * N_OUT
+    assert srv.prompt_tokens == rec["client_input_tokens"]
+    assert srv.gauge_samples >= 3 and srv.num_requests_running_max >= 1
 
 
 def test_files_written_and_reloaded(truth_run):
@@ -124,7 +124,7 @@ def test_files_written_and_reloaded(truth_run):
     summary = json.loads((out / "summary.json").read_text())
     config = json.loads((out / "config.json").read_text())
     assert summary["completed"] == 90 and config["status"] == "complete"
-    assert config["profile"] == {"profile": "poisson", "rate": 30, "seed": 1, "max_in_flight": None}
+    assert config["arrivals"] == {"arrivals": "poisson", "rate": 30, "seed": 1, "max_in_flight": None}
     assert config["versions"]["aiohttp"] and config["command"] is None  # a hand-built workload has no CLI form
     back = bench.load_run(out)
     assert back.summary.ttft_ms.p99 == pytest.approx(res.summary.ttft_ms.p99)
@@ -161,7 +161,7 @@ def test_failures_are_counted_with_their_errors():
     assert s.ttft_ms.count == s.completed  # percentiles over completed requests, failures beside them
     assert all(r.http_status == 500 for r in res.records if r.error and r.error.startswith("injected"))
     # a server without /metrics: a note, and the run went on
-    assert s.server["available"] is False and "no server metrics" in s.server["note"]
+    assert s.server.available is False and "no server metrics" in s.server.note
 
 
 def test_without_continuous_usage_tokens_are_estimated_and_flagged():
@@ -206,7 +206,7 @@ def test_results_are_on_disk_as_they_finish_even_if_the_process_dies(tmp_path):
     with CalibrationServer(ttft_s=0.05, tpot_s=0.05) as cal:
         proc = subprocess.Popen([sys.executable, "-m", "helpers.bench", "run", "--base-url", cal.base_url,
                                  "--endpoint", "completions", "--prompts", str(prompts), "--tokenizer", "none",
-                                 "--profile", "constant", "--rate", "8", "--num-requests", "40", "--out", str(out),
+                                 "--arrivals", "constant", "--rate", "8", "--num-requests", "40", "--out", str(out),
                                  "--no-progress"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                 start_new_session=True)
         try:
@@ -240,7 +240,7 @@ def test_cli_run_and_summarize(cal, tmp_path, capsys):
     out = tmp_path / "cli"
     cal.reset()
     rc = main(["run", "--base-url", cal.base_url, "--model", cal.model, "--endpoint", "completions",
-               "--tokenizer", str(default_model()), "--profile", "poisson", "--rate", "25", "--num-requests", "30",
+               "--tokenizer", str(default_model()), "--arrivals", "poisson", "--rate", "25", "--num-requests", "30",
                "--input-len", "48", "--output-len", "8", "--seed", "3", "--out", str(out), "--warmup", "2",
                "--no-progress", "--slo-ttft-ms", "100"])
     assert rc == 0

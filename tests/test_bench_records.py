@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from helpers.bench import (SLO, Poisson, ConstantRate, Concurrent, RequestResult, StreamParser, Timings,
-                           bootstrap_quantile, compare, goodput, itl_values, make_profile, pooled_itl_median,
+                           bootstrap_quantile, compare, goodput, itl_values, make_arrivals, pooled_itl_median,
                            steady_state_window, summarize)
 from helpers.bench.records import Request
 
@@ -287,8 +287,8 @@ def test_poisson_is_seeded_with_the_right_rate_and_constant_is_even():
     assert Poisson(rate=50, seed=4).offsets(10) != a[:10]
     assert ConstantRate(rate=4).offsets(3) == [0.0, 0.25, 0.5]
     assert Concurrent(4).offsets(3) is None and Concurrent(4).concurrency == 4
-    assert make_profile("poisson", rate=2, seed=1).cli_args() == ["--profile", "poisson", "--rate", "2",
+    assert make_arrivals("poisson", rate=2, seed=1).cli_args() == ["--arrivals", "poisson", "--rate", "2",
                                                                   "--arrival-seed", "1"]
-    with pytest.raises(ValueError, match="needs a rate"):
-        make_profile("constant")
+    with pytest.raises(ValueError, match="need a rate"):
+        make_arrivals("constant")
     assert math.isclose(Poisson(rate=2).offsets(2)[1], Poisson(rate=2).offsets(3)[1])

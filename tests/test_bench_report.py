@@ -66,11 +66,17 @@ def test_verdict_names_a_loser_on_rate_that_wins_on_goodput():
     assert "goodput disagrees" not in same
 
 
-def test_html_embeds_charts_as_svg(tmp_path):
+def test_html_embeds_charts_as_images_readable_offline(tmp_path):
     import altair as alt
     import pandas as pd
 
     chart = alt.Chart(pd.DataFrame({"x": [1, 2], "y": [3, 4]})).mark_line().encode(x="x", y="y")
     report = bench.BenchmarkReport("t", 100, {}, {}, "hw", {}, [_cfg("A", 2.0, 2.2)])
-    page = report.write(tmp_path, charts={"a chart": chart})["html"].read_text()
-    assert "<svg" in page and "a chart" in page
+    paths = report.write(tmp_path, charts={"a chart": chart}, provenance={"versions": {"torch": "x"}})
+    page = paths["html"].read_text()
+    assert "data:image/png;base64," in page and "a chart" in page
+    assert "cdn.jsdelivr" not in page and "<script" not in page  # nothing to fetch: it reads offline
+    png = paths["charts"]["a chart"]
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert f"![a chart]({png.name})" in paths["md"].read_text()
+    assert json.loads(paths["json"].read_text())["provenance"]["versions"]["torch"] == "x"

@@ -13,9 +13,9 @@ from helpers.bench import SLO, CalibrationServer, FromJsonl, WorkloadSpec, find_
 def fake_runner(capacity: float, calls: list):
     """A stand-in for bench.run: p99 TTFT is 50 ms up to `capacity` req/s, then it explodes (queueing)."""
 
-    def runner(workload, profile, *, num_requests, seed, out, slo, label, **kw):
-        calls.append((profile.rate, num_requests, seed))
-        p99 = 50.0 if profile.rate <= capacity else 50.0 * (1 + 10 * (profile.rate - capacity))
+    def runner(workload, arrivals, *, num_requests, seed, out, slo, label, **kw):
+        calls.append((arrivals.rate, num_requests, seed))
+        p99 = 50.0 if arrivals.rate <= capacity else 50.0 * (1 + 10 * (arrivals.rate - capacity))
         summary = types.SimpleNamespace(ttft_ms=types.SimpleNamespace(p99=p99), failure_rate=0.0,
                                         client_queue_ms=types.SimpleNamespace(p99=0.5))
         return types.SimpleNamespace(summary=summary, records=[])
@@ -59,8 +59,8 @@ def test_sweep_against_a_saturating_server(tmp_path):
     low, high = sw.runs
     assert low.summary.completed == high.summary.completed == 30
     assert low.summary.ttft_ms.p50 < 40 < high.summary.ttft_ms.p99  # the knee: queueing shows in TTFT
-    assert high.summary.server["num_requests_waiting_max"] >= 1
-    assert high.summary.server["server_queue_mean_ms"] > low.summary.server["server_queue_mean_ms"]
+    assert high.summary.server.num_requests_waiting_max >= 1
+    assert high.summary.server.queue_mean_ms > low.summary.server.queue_mean_ms
     assert (tmp_path / "sweep" / "rate-60" / "summary.json").is_file()
     df = sw.df
     assert list(df["rate"]) == [10, 60] and {"ttft_p99_ms", "output_throughput"} <= set(df.columns)

@@ -10,8 +10,9 @@ from helpers import models, runtime
 from helpers.runtime import GPU, Machine
 
 
-def machine(*gpus):
-    return Machine(is_colab=False, gpus=tuple(gpus), cpu_count=2, memory_gib=24)
+def machine(*gpus, flags=frozenset({"avx2"}), node=None):
+    return Machine(is_colab=False, gpus=tuple(gpus), cpu_count=2, memory_gib=24, cpu_flags=frozenset(flags),
+                   node_memory_gib=node)
 
 
 def test_parse_nvidia_smi_output():
@@ -38,13 +39,49 @@ def test_choose_profile(name, mem, cc, expected):
 
 def test_cpu_profile_and_overrides(monkeypatch):
     monkeypatch.delenv("LABS_PROFILE", raising=False)
+    monkeypatch.delenv("LABS_CPU_DTYPE", raising=False)
     prof = runtime.profile(machine=machine())
-    assert prof.name == "cpu" and prof.model == "default" and prof.dtype == "bfloat16"
+    assert prof.name == "cpu" and prof.model == models.DEFAULT_ID and prof.gpu_memory_gib is None
     kw = prof.server_kwargs(max_model_len=4096, env={"X": "1"})
     assert kw["engine_args"]["max_model_len"] == 4096
     assert kw["engine_args"]["optimization_level"] == 0
     assert kw["env"] == {"VLLM_CPU_NUM_OF_RESERVED_CPU": "0", "X": "1"}
     assert prof.engine_args.get("max_model_len") is None  # the profile itself is untouched
+    # The KV pool is set the way a GPU sets it: a share of memory, not a byte count vLLM would report back.
+    assert "kv_cache_memory_bytes" not in prof.engine_args and "VLLM_CPU_KVCACHE_SPACE" not in prof.env
+
+
+@pytest.mark.parametrize("flags,dtype", [
+    ({"avx2"}, "float32"),                                   # AMD EPYC here: AVX2 only
+    ({"avx2", "avx512f"}, "float32"),                        # AVX-512 without native bf16: bf16 is emulated
+    ({"avx2", "avx512f", "avx512_bf16"}, "bfloat16"),
+    ({"avx2", "avx512f", "amx_bf16", "amx_tile"}, "bfloat16"),
+])
+def test_cpu_dtype_follows_the_cpus_instructions(flags, dtype, monkeypatch):
+    monkeypatch.delenv("LABS_CPU_DTYPE", raising=False)
+    prof = runtime.cpu_profile(machine(flags=flags))
+    assert prof.dtype == dtype
+    assert ("natively" in prof.why) == (dtype == "bfloat16")  # it says why
+    monkeypatch.setenv("LABS_CPU_DTYPE", "bfloat16")
+    assert runtime.cpu_profile(machine(flags=flags)).dtype == "bfloat16"
+    monkeypatch.setenv("LABS_CPU_DTYPE", "fp8")
+    with pytest.raises(ValueError, match="bfloat16 or float32"):
+        runtime.cpu_profile(machine(flags=flags))
+
+
+def test_cpu_utilization_is_sized_from_the_memory_vllm_sees():
+    # vLLM's CPU backend reads NUMA node 0's MemTotal; a VM here had 8.7 of its 23.5 GiB there.
+    small, whole = runtime.cpu_profile(machine(node=8.7)), runtime.cpu_profile(machine())
+    assert small.utilization == pytest.approx(runtime.CPU_WORKER_GIB / 8.7, abs=1e-3)
+    assert whole.utilization == pytest.approx(runtime.CPU_WORKER_GIB / 24, abs=1e-3)
+
+
+def test_parse_cpuinfo():
+    text = ("processor\t: 0\nmodel name\t: AMD EPYC\nflags\t\t: fpu sse avx2 avx512f amx_bf16 vaes\n\n"
+            "processor\t: 1\nmodel name\t: AMD EPYC\nflags\t\t: fpu sse avx2 avx512f amx_bf16 vaes\n")
+    name, flags = runtime.parse_cpuinfo(text)
+    assert name == "AMD EPYC" and flags == {"avx2", "avx512f", "amx_bf16"}
+    assert Machine(False, (), 2, 24, cpu_flags=flags).native_bf16
 
 
 def test_every_gpu_profile_respects_its_gpu():
@@ -74,6 +111,10 @@ def test_quick(monkeypatch):
 
 def test_resolve():
     assert models.resolve("Qwen/Qwen2.5-1.5B-Instruct") == "Qwen/Qwen2.5-1.5B-Instruct"
+    assert models.resolve("default") == models.resolve(None) == models.DEFAULT_ID
+    assert models.served_name("default") == "smollm2" and models.served_name("Qwen/Qwen2.5-1.5B") == "Qwen2.5-1.5B"
+    assert models.offline_env(models.DEFAULT_ID) == {"HF_HUB_OFFLINE": "1"}
+    assert models.offline_env("Qwen/Qwen2.5-1.5B-Instruct") == {}  # a GPU machine may download it
     for bad in ("./nope", "/nope/x", "nope"):
         with pytest.raises(FileNotFoundError, match="does not exist"):
             models.resolve(bad)
@@ -117,4 +158,17 @@ def test_default_model_chat_template_renders():
 
 def test_cli_prints_the_path():
     out = subprocess.run([sys.executable, "-m", "helpers.models", "path"], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == str(models.default_model_dir())
+    assert out.stdout.strip() == str(models.default_model(quiet=True))
+
+
+def test_default_model_resolves_by_hub_id_offline_as_a_gpu_model_would():
+    """The CPU run takes the GPU path: huggingface_hub and transformers find the id in the cache, offline."""
+    code = ("from huggingface_hub import snapshot_download; from transformers import AutoConfig, AutoTokenizer;"
+            f"p = snapshot_download({models.DEFAULT_ID!r}); c = AutoConfig.from_pretrained({models.DEFAULT_ID!r});"
+            f"t = AutoTokenizer.from_pretrained({models.DEFAULT_ID!r}); print(p, c.num_hidden_layers, len(t))")
+    env = {**__import__("os").environ, "HF_HUB_OFFLINE": "1"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True).stdout
+    path, layers, vocab = out.split()
+    assert path == str(models.default_model(quiet=True)) and layers == "30" and int(vocab) == 49152
+    assert models.local_path(models.DEFAULT_ID) == models.default_model(quiet=True)
+    assert models.local_path("no-such-org/no-such-model") is None

@@ -1,6 +1,7 @@
-"""helpers.server: the startup-log parser on real CPU and GPU log text, and the process lifecycle
-(readiness, fail-fast, timeout, port in use, dead-kernel reaping, reuse, tree kill) against a fake
-server process, so these run in a second and need no vLLM."""
+"""helpers.server and helpers.procs: the startup-log parser on real CPU and GPU log text, and the process
+lifecycle (readiness, fail-fast, timeout, port in use, dead-kernel reaping, reuse, tree kill, orphans, the API
+key) against a fake server process, so these run in seconds and need no vLLM. One test does the same with real
+vLLM (marked ``vllm``)."""
 
 import json
 import os
@@ -14,7 +15,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from helpers import server
+from helpers import procs, server
 from helpers.runtime import GPU
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -86,9 +87,9 @@ def test_root_cause_and_hint_from_real_failure_log():
 def test_engine_cli():
     flags = server.engine_cli({"max_model_len": 2048, "enforce_eager": True, "enable_prefix_caching": False,
                                "speculative_config": {"method": "ngram", "num_speculative_tokens": 3},
-                               "block_size": None, "api_key": ["a", "b"]})
+                               "block_size": None, "middleware": ["a", "b"]})
     assert flags == ["--max-model-len", "2048", "--enforce-eager", "--no-enable-prefix-caching",
-                     "--speculative-config", '{"method":"ngram","num_speculative_tokens":3}', "--api-key", "a", "b"]
+                     "--speculative-config", '{"method":"ngram","num_speculative_tokens":3}', "--middleware", "a", "b"]
     assert server.engine_cli(["-O0", "--foo"]) == ["-O0", "--foo"]
 
 
@@ -103,6 +104,8 @@ def test_check_engine_args_refuses_what_the_device_cannot_run():
     with pytest.raises(ValueError, match="FP8"):
         server.check_engine_args({"quantization": "fp8"}, "cuda", t4)
     server.check_engine_args({"dtype": "float16"}, "cuda", t4)  # fine
+    with pytest.raises(ValueError, match="VLLM_API_KEY"):
+        server.check_engine_args({"api_key": "secret"}, "cpu")  # never on the command line
     server.check_engine_args({"quantization": "fp8"}, "cuda", GPU("NVIDIA H100 80GB HBM3", 80, (9, 0)))
 
 
@@ -130,7 +133,7 @@ def fake(tmp_path, monkeypatch):
 
     yield make
     for srv in started:
-        srv._terminate()
+        srv.terminate()
     server.stop_all(verbose=False)
 
 
@@ -181,10 +184,29 @@ def test_port_in_use_names_the_pid(fake):
             fake(port=port).start()
 
 
-def test_non_loopback_host_requires_an_api_key(fake):
+def test_non_loopback_host_requires_an_api_key_and_a_proxy(fake):
     with pytest.raises(ValueError, match="api_key"):
         fake(host="0.0.0.0")
-    fake(host="0.0.0.0", api_key="secret")  # accepted (not started)
+    with pytest.raises(ValueError, match="guards only the /v1 routes.*/metrics"):
+        fake(host="0.0.0.0", api_key="secret")  # the key alone leaves /metrics, /tokenize ... open
+    fake(host="0.0.0.0", api_key="secret", behind_auth_proxy=True)  # accepted (not started)
+
+
+def test_api_key_reaches_vllm_by_environment_never_argv_log_state_or_command(fake, tmp_path):
+    secret = "s3cr3t-key-" + str(os.getpid())
+    with fake(api_key=secret) as srv:
+        assert srv.running  # readiness needed the key: the fake's /v1/models answers 401 without it
+        import httpx
+
+        assert httpx.get(f"{srv.base_url}/models", timeout=5).status_code == 401
+        cmdline = " ".join(psutil.Process(srv.pid).cmdline())
+        assert secret not in cmdline and "--api-key" not in cmdline
+        state = "".join(p.read_text() for p in (tmp_path / "cache" / "procs").glob("*.json"))
+        assert state and secret not in state
+        assert secret not in srv.log_path.read_text() and secret not in srv.log_text()
+        assert secret not in srv.command() and "VLLM_API_KEY=$VLLM_API_KEY" in srv.command()
+    mode = stat.S_IMODE((tmp_path / "cache" / "procs").stat().st_mode)
+    assert mode & 0o077 == 0, oct(mode)  # the state folder is this user's alone
 
 
 def test_missing_model_path_says_what_to_do():
@@ -200,7 +222,7 @@ def test_server_left_by_a_dead_kernel_is_stopped_before_the_next_start(fake, tmp
         "from helpers import server\n"
         f"srv = server.Server({str(tmp_path / 'model')!r}, served_model_name='orphan', python={str(tmp_path / 'python-fake')!r},"
         " progress=False, reuse=True)\n"  # reuse=True: no PDEATHSIG, so the server outlives its kernel
-        "srv.start(); srv._record.parked = False; srv._record.save()\n"
+        "srv.start(); srv.proc.record.parked = False; srv.proc.record.save()\n"
         "print(srv.pid, flush=True); time.sleep(3600)\n"
     )
     kernel = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True, env=os.environ)
@@ -215,7 +237,7 @@ def test_server_left_by_a_dead_kernel_is_stopped_before_the_next_start(fake, tmp
 
 
 def test_too_many_servers_are_refused_with_names(fake, monkeypatch):
-    monkeypatch.setattr(server, "MAX_SERVERS", 1)
+    monkeypatch.setenv("LABS_MAX_SERVERS", "1")
     with fake():
         with pytest.raises(server.TooManyServers, match="(?s)already running.*PID"):
             fake().start()
@@ -235,8 +257,25 @@ def test_reuse_parks_and_adopts_same_arguments_only(fake):
     c = fake(reuse=True, engine_args={"max_model_len": 4096})  # different arguments: a fresh server
     c.start()
     assert not c.reused and c.pid != pid
+    assert psutil.pid_exists(pid)  # room for both: the parked one stays for a later adopter
+    c.terminate()
+
+
+def test_a_full_machine_makes_room_by_stopping_this_sessions_oldest_parked_server(fake, monkeypatch):
+    monkeypatch.setenv("LABS_MAX_SERVERS", "1")
+    a = fake(reuse=True, engine_args={"max_model_len": 2048})
+    a.start()
+    pid = a.pid
+    a.stop()  # parked
+    b = fake(reuse=True, engine_args={"max_model_len": 4096})
+    b.start()
     assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    c._terminate()
+    b.terminate()
+    c = fake(reuse=True, make_room=False)
+    c.start()
+    c.stop()
+    with pytest.raises(server.TooManyServers):
+        fake(reuse=True, make_room=False, engine_args={"max_model_len": 1024}).start()
 
 
 def test_error_inside_with_block_never_parks(fake):
@@ -254,14 +293,15 @@ def test_failed_notebook_cell_stops_the_kernels_servers(fake):
     class Result:
         error_in_exec = ValueError("a typo in some later cell")
 
-    server._on_cell_error(Result())
+    procs._on_cell_error(Result())
     assert not srv.running
 
 
 def test_command_reproduces_the_server_with_its_environment(fake):
     srv = fake(engine_args={"max_model_len": 2048, "enable_prefix_caching": False}, env={"VLLM_CPU_NUM_OF_RESERVED_CPU": "0"})
     cmd = srv.command(port=8000)
-    assert cmd.startswith("VLLM_CPU_NUM_OF_RESERVED_CPU=0 python -m vllm.entrypoints.openai.api_server --model ")
+    assert cmd.startswith("HF_HUB_OFFLINE=1 VLLM_CPU_NUM_OF_RESERVED_CPU=0 python -m vllm.entrypoints.openai.api_server "
+                          "--model ")
     assert "--port 8000" in cmd and "--max-model-len 2048 --no-enable-prefix-caching" in cmd
     assert cmd.endswith("--served-model-name fake")
 
@@ -270,11 +310,76 @@ def test_reuse_and_stop_all_stay_within_a_session(fake, monkeypatch):
     monkeypatch.setenv("LABS_SESSION", "learner")
     mine = fake(reuse=True)
     mine.start()
+    mine_pid = mine.pid
     mine.stop()  # parked for the learner's session
     monkeypatch.setenv("LABS_SESSION", "make-test")
     other = fake(reuse=True)
     other.start()  # same arguments, other session: neither adopts nor stops the learner's server
-    assert not other.reused and other.pid != mine.pid and psutil.pid_exists(mine.pid)
+    assert not other.reused and other.pid != mine_pid and psutil.pid_exists(mine_pid)
     assert server.stop_all(verbose=False, session="make-test") == 1
-    assert psutil.pid_exists(mine.pid) and not other.running
+    assert psutil.pid_exists(mine_pid) and not other.running
     assert server.stop_all(verbose=False, session="learner") == 1
+
+
+# ----------------------------------------------------------------------------------- orphans
+def test_orphans_of_a_killed_leader_are_stopped_by_session_even_when_they_ignore_sigterm(fake, tmp_path, monkeypatch):
+    """vLLM's EngineCore outlived a SIGKILLed API server (re-parented to PID 1) and ignored SIGTERM for 8 s."""
+    pid_file = tmp_path / "child.pid"
+    monkeypatch.setenv("FAKE_VLLM_MODE", "stubborn")
+    monkeypatch.setenv("FAKE_VLLM_CHILD_PID_FILE", str(pid_file))
+    srv = fake().start()
+    child = int(pid_file.read_text())
+    os.kill(srv.pid, 9)
+    time.sleep(0.5)
+    assert psutil.pid_exists(child) and psutil.Process(child).ppid() != srv.pid  # an orphan now
+    t0 = time.monotonic()
+    procs.kill_tree(srv.pid, srv.proc.record.create_time, timeout=2)
+    assert not psutil.pid_exists(child) or psutil.Process(child).status() == psutil.STATUS_ZOMBIE
+    assert time.monotonic() - t0 < 10  # SIGKILL after the SIGTERM grace period
+
+
+def test_reap_stops_the_orphans_of_a_dead_leader(fake, tmp_path, monkeypatch):
+    pid_file = tmp_path / "child.pid"
+    monkeypatch.setenv("FAKE_VLLM_MODE", "spawn")
+    monkeypatch.setenv("FAKE_VLLM_CHILD_PID_FILE", str(pid_file))
+    srv = fake().start()
+    child = int(pid_file.read_text())
+    os.kill(srv.pid, 9)
+    srv.proc.popen.wait()
+    procs.reap(verbose=False)
+    time.sleep(0.2)
+    assert not psutil.pid_exists(child) or psutil.Process(child).status() == psutil.STATUS_ZOMBIE
+    assert procs.records() == []
+
+
+# --------------------------------------------------------------------------------- real vLLM
+@pytest.mark.vllm
+@pytest.mark.skipif(not __import__("importlib").util.find_spec("vllm"), reason="needs vLLM installed")
+def test_real_vllm_key_by_environment_and_no_orphans_after_sigkill(tmp_path, monkeypatch):
+    """With real vLLM: the key guards /v1 but never appears in argv, the log or the state; after a SIGKILL of the
+    API server mid-run its EngineCore lives on, and stop() still leaves nothing running."""
+    import httpx
+
+    from helpers import runtime
+
+    monkeypatch.delenv("LABS_REUSE_SERVER", raising=False)
+    secret = "real-key-" + str(os.getpid())
+    prof = runtime.profile("cpu")
+    srv = server.start(prof, max_model_len=1024, api_key=secret, progress=False, reuse=False)
+    try:
+        assert httpx.get(f"{srv.base_url}/models", timeout=10).status_code == 401
+        assert httpx.get(f"{srv.base_url}/models", timeout=10,
+                         headers={"Authorization": f"Bearer {secret}"}).status_code == 200
+        assert httpx.get(f"{srv.url}/metrics", timeout=10).status_code == 200  # why a proxy is needed
+        tree = [srv.pid] + [c.pid for c in psutil.Process(srv.pid).children(recursive=True)]
+        assert all(secret not in " ".join(psutil.Process(p).cmdline()) for p in tree)
+        assert secret not in srv.log_path.read_text()
+        assert all(secret not in r.path.read_text() for r in procs.records())
+        os.kill(srv.pid, 9)
+        time.sleep(2)
+        orphans = [p for p in tree[1:] if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+        assert orphans, "vLLM's engine should outlive its API server (what this test guards against)"
+    finally:
+        srv.terminate()
+    left = [p for p in tree if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    assert not left, left

@@ -192,9 +192,7 @@ def test_embedded_checkpoint_bytes_equal_weight_bytes():
     """The embedded SmolLM2 checkpoint on disk: its tensors' bytes are what weight_bytes predicts."""
     from helpers import models
 
-    ckpt = models.default_model_dir() / "model.safetensors"
-    if not ckpt.is_file():
-        pytest.skip("embedded checkpoint not converted yet (make model)")
+    ckpt = models.default_model(quiet=True) / "model.safetensors"
     header, data_bytes = _safetensors_header(ckpt)
     numel = sum(math.prod(v["shape"]) for k, v in header.items() if k != "__metadata__")
     cfg = load_config(ckpt.parent)
@@ -540,8 +538,9 @@ def test_sizing_sheet_rows_errors_and_files(tmp_path):
     assert sheet["kv_cache_tokens"].error == 0 and sheet["decode_step_s"].error == pytest.approx(-0.5)
     assert [r.name for r in sheet.within(0.10)] == ["decode_step_s"]
     assert sizing.Prediction("x", 110, 100).error == pytest.approx(0.10) and sizing.Prediction("x", 1).error is None
-    md, js = sheet.write(tmp_path / "out")
-    assert md.name == "sizing_sheet.md" and js.name == "sizing_sheet.json"
+    paths = sheet.write(tmp_path / "out")
+    md, js = paths["md"], paths["json"]
+    assert md.name == "sizing_sheet.md" and js.name == "sizing_sheet.json" and paths["html"].is_file()
     text = md.read_text()
     assert ("| kv_cache_tokens (tokens) | 46,592 | 46,592 | +0.0% | vllm_kv_capacity(block 128, max_model_len 2048) "
             "| vLLM log |") in text

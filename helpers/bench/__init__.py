@@ -1,28 +1,36 @@
-"""The benchmark harness: load profiles, workloads, a streaming client, and honest statistics.
+"""The benchmark harness: arrivals, workloads, a streaming client, honest statistics, saved runs, searches.
 
 ::
 
     from helpers import bench
 
     wl = bench.FixedLength(input_len=256, output_len=64, endpoint="chat")
-    res = bench.run(wl, bench.Poisson(rate=4), base_url=srv.base_url, num_requests=200, warmup=8,
+    res = bench.run(wl, bench.Poisson(rate=4), base_url=srv, num_requests=200, warmup=8,
                     slo=bench.SLO(ttft_ms=500, tpot_ms=50))
     print(res)                   # summary table; res.df one row per request; res.summary.ttft_ms.p99
     bench.charts.cdf(res, "ttft")
 
 ``python -m helpers.bench run ...`` does the same from a shell; ``python -m helpers.bench.calibration``
 starts a server with known latencies to check any load generator against.
+
+Modules, leaves first (each imports only those above it): ``records`` (typed request records; every metric
+defined once) -> ``arrivals``, ``workloads``, ``client`` -> ``stats`` (distributions, windows, goodput; no
+files) -> ``store`` (a run's folder; :class:`RunResult`; :func:`load_run`) -> ``charts`` -> ``runner``
+(:func:`run`) -> ``search`` (:func:`sweep`, :func:`find_max_rate`) -> ``report`` (the Phase 2 artifact).
+``calibration`` stands apart (a server, started as a subprocess).
 """
 
 from . import charts
+from .arrivals import Arrivals, Concurrent, ConstantRate, Poisson, Synchronous, make_arrivals
+from .calibration import CalibrationConfig, CalibrationServer
 from .client import ClientConfig, StreamParser, build_payload
-from .profiles import Concurrent, ConstantRate, LoadProfile, Poisson, Synchronous, make_profile
 from .records import Request, RequestResult, Timings, itl_values
 from .report import BenchmarkReport, ConfigResult
-from .runner import (MaxRateResult, Probe, RunResult, SweepResult, find_max_rate, load_run, reconcile, run,
-                     sweep)
-from .stats import (SLO, Comparison, Distribution, Goodput, Summary, Window, bootstrap_quantile, compare,
-                    goodput, metric_values, pooled_itl_median, steady_state_window, summarize)
+from .runner import Target, reconcile, run, target_of
+from .search import MaxRateResult, Probe, SweepResult, find_max_rate, sweep
+from .stats import (SLO, Comparison, Distribution, Goodput, Summary, Window, bootstrap_quantile, metric_values,
+                    pooled_itl_median, steady_state_window, summarize)
+from .store import RunFolder, RunResult, compare, goodput, load_run, records_of
 from .workloads import (SAMPLE_CHAT, FixedLength, FromJsonl, SharedPrefix, TokenCounter, Workload, WorkloadSpec,
                         load_tokenizer, token_counter)
 
@@ -32,12 +40,14 @@ __all__ = [
     # workloads
     "Workload", "WorkloadSpec", "FixedLength", "SharedPrefix", "FromJsonl", "TokenCounter", "load_tokenizer",
     "token_counter", "SAMPLE_CHAT",
-    # profiles
-    "LoadProfile", "Synchronous", "Concurrent", "ConstantRate", "Poisson", "make_profile",
+    # arrivals
+    "Arrivals", "Synchronous", "Concurrent", "ConstantRate", "Poisson", "make_arrivals",
     # client
     "ClientConfig", "StreamParser", "build_payload",
-    # running
-    "run", "RunResult", "load_run", "sweep", "SweepResult", "find_max_rate", "MaxRateResult", "Probe", "reconcile",
+    # running and saved runs
+    "run", "Target", "target_of", "reconcile", "RunResult", "RunFolder", "load_run", "records_of",
+    # searches
+    "sweep", "SweepResult", "find_max_rate", "MaxRateResult", "Probe",
     # statistics
     "SLO", "Summary", "Distribution", "Window", "Goodput", "Comparison", "summarize", "steady_state_window",
     "goodput", "compare", "metric_values", "bootstrap_quantile", "pooled_itl_median",
@@ -48,13 +58,3 @@ __all__ = [
     # charts
     "charts",
 ]
-
-
-def __getattr__(name: str):
-    # The calibration server is imported lazily, so `python -m helpers.bench.calibration` runs cleanly.
-    if name in ("CalibrationServer", "CalibrationConfig", "calibration"):
-        import importlib
-
-        module = importlib.import_module(f"{__name__}.calibration")
-        return module if name == "calibration" else getattr(module, name)
-    raise AttributeError(f"module 'helpers.bench' has no attribute {name!r}")

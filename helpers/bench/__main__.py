@@ -3,7 +3,7 @@
 ::
 
     python -m helpers.bench run --base-url http://127.0.0.1:8000/v1 --model smollm2 --endpoint chat \\
-        --profile poisson --rate 4 --num-requests 200 --input-len 256 --output-len 64 --warmup 8 \\
+        --arrivals poisson --rate 4 --num-requests 200 --input-len 256 --output-len 64 --warmup 8 \\
         --seed 0 --out runs/poisson-4 --slo-ttft-ms 500
     python -m helpers.bench summarize runs/poisson-4 --slo-ttft-ms 300
     python -m helpers.bench compare runs/a runs/b --metric ttft --q 0.99
@@ -13,9 +13,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import sys
 from typing import Sequence
+
+from .arrivals import make_arrivals
+from .runner import run
+from .stats import SLO
+from .store import compare, load_run
+from .workloads import FixedLength, FromJsonl, SharedPrefix
 
 __all__ = ["main"]
 
@@ -27,8 +34,6 @@ def _slo_args(p: argparse.ArgumentParser) -> None:
 
 
 def _slo(a: argparse.Namespace):
-    from .stats import SLO
-
     slo = SLO(ttft_ms=a.slo_ttft_ms, tpot_ms=a.slo_tpot_ms, e2e_ms=a.slo_e2e_ms)
     return slo if slo.is_set() else None
 
@@ -42,13 +47,13 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--base-url", required=True, help="OpenAI base URL ending in /v1")
     r.add_argument("--model", default=None, help="served model name (default: the first in /v1/models)")
     r.add_argument("--endpoint", choices=["chat", "completions"], default="chat")
-    r.add_argument("--tokenizer", default=None, help="tokenizer path or id (default: the embedded model); 'none' with --prompts: "
-                        "no expected token counts")
-    r.add_argument("--profile", choices=["synchronous", "concurrent", "constant", "poisson"], default="synchronous")
+    r.add_argument("--tokenizer", default=None, help="tokenizer path or id (default: the served model's, from "
+                   "/v1/models); 'none' with --prompts: no expected token counts")
+    r.add_argument("--arrivals", choices=["synchronous", "concurrent", "constant", "poisson"], default="synchronous")
     r.add_argument("--rate", type=float, default=None, help="requests/s (constant, poisson)")
     r.add_argument("--concurrency", type=int, default=None, help="requests in flight (concurrent)")
     r.add_argument("--max-in-flight", type=int, default=None,
-                   help="cap for open-loop profiles (the wait is recorded as client queue time)")
+                   help="cap for open-loop arrivals (the wait is recorded as client queue time)")
     r.add_argument("--arrival-seed", type=int, default=None, help="seed of Poisson arrivals (default: --seed)")
     r.add_argument("--num-requests", type=int, default=100)
     r.add_argument("--input-len", type=int, default=256,
@@ -59,8 +64,9 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--prompts", default=None, help="JSONL prompt file instead of synthetic prompts")
     r.add_argument("--warmup", type=int, default=0, help="warmup requests (disjoint prompts, not counted)")
     r.add_argument("--seed", type=int, default=0)
-    r.add_argument("--out", default=None, help="results folder (default runs/bench/<time>-<profile>)")
-    r.add_argument("--api-key", default=None)
+    r.add_argument("--out", default=None, help="results folder (default runs/bench/<time>-<arrivals>)")
+    r.add_argument("--api-key-env", default="VLLM_API_KEY",
+                   help="environment variable holding the server's API key (never on the command line)")
     r.add_argument("--timeout", type=float, default=600.0, help="seconds per request")
     r.add_argument("--temperature", type=float, default=0.0)
     r.add_argument("--no-vllm-extras", action="store_true", help="do not send min_tokens/ignore_eos")
@@ -83,27 +89,7 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _masked(argv: Sequence[str]) -> str:
-    out, hide = [], False
-    for a in argv:
-        if hide:
-            out.append("$API_KEY")
-            hide = False
-            continue
-        if a == "--api-key":
-            hide = True
-        elif a.startswith("--api-key="):
-            a = "--api-key=$API_KEY"
-        out.append(a)
-    return " ".join(["python", "-m", "helpers.bench"] +
-                    [x if x.startswith(("$API_KEY", "--api-key=$")) else shlex.quote(x) for x in out])
-
-
 def _cmd_run(a: argparse.Namespace, argv: Sequence[str]) -> int:
-    from .profiles import make_profile
-    from .runner import run
-    from .workloads import FixedLength, FromJsonl, SharedPrefix
-
     no_tokenizer = (a.tokenizer or "").lower() == "none"
     if no_tokenizer and not a.prompts:
         raise ValueError("synthetic prompts are built with the model's tokenizer; --tokenizer none only works "
@@ -115,12 +101,13 @@ def _cmd_run(a: argparse.Namespace, argv: Sequence[str]) -> int:
                             endpoint=a.endpoint, num_prefixes=a.num_prefixes, tokenizer=a.tokenizer)
     else:
         spec = FixedLength(input_len=a.input_len, output_len=a.output_len, endpoint=a.endpoint, tokenizer=a.tokenizer)
-    profile = make_profile(a.profile, rate=a.rate, concurrency=a.concurrency,
-                           seed=a.seed if a.arrival_seed is None else a.arrival_seed, max_in_flight=a.max_in_flight)
-    res = run(spec, profile, base_url=a.base_url, model=a.model, num_requests=a.num_requests, warmup=a.warmup,
-              seed=a.seed, out=a.out, api_key=a.api_key, timeout_s=a.timeout, temperature=a.temperature,
-              vllm_extras=not a.no_vllm_extras, slo=_slo(a), server_metrics=not a.no_server_metrics,
-              sample_interval_s=a.sample_interval, progress=not a.no_progress, command=_masked(argv))
+    arrivals = make_arrivals(a.arrivals, rate=a.rate, concurrency=a.concurrency,
+                             seed=a.seed if a.arrival_seed is None else a.arrival_seed, max_in_flight=a.max_in_flight)
+    res = run(spec, arrivals, base_url=a.base_url, model=a.model, num_requests=a.num_requests, warmup=a.warmup,
+              seed=a.seed, out=a.out or True, api_key=os.environ.get(a.api_key_env) or None, timeout_s=a.timeout,
+              temperature=a.temperature, vllm_extras=not a.no_vllm_extras, slo=_slo(a),
+              server_metrics=not a.no_server_metrics, sample_interval_s=a.sample_interval,
+              progress=not a.no_progress, command=" ".join(["python", "-m", "helpers.bench", *map(shlex.quote, argv)]))
     if a.json:
         print(json.dumps(res.summary.as_dict(), indent=2))
     else:
@@ -130,8 +117,6 @@ def _cmd_run(a: argparse.Namespace, argv: Sequence[str]) -> int:
 
 
 def _cmd_summarize(a: argparse.Namespace) -> int:
-    from .runner import load_run
-
     res = load_run(a.dir, slo=_slo(a))
     if a.json:
         print(json.dumps(res.summary.as_dict(), indent=2))
@@ -141,8 +126,6 @@ def _cmd_summarize(a: argparse.Namespace) -> int:
 
 
 def _cmd_compare(a: argparse.Namespace) -> int:
-    from .stats import compare
-
     print(compare(a.dir_a, a.dir_b, metric=a.metric, q=a.q))
     return 0
 

@@ -27,19 +27,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import atexit
 import contextlib
 import json
 import logging
 import random
-import selectors
-import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
+
+from .. import procs
 
 __all__ = ["CalibrationConfig", "CalibrationServer", "serve", "build_app"]
 
@@ -202,7 +200,8 @@ def build_app(cfg: CalibrationConfig):
 
     async def models(_request):
         return web.json_response({"object": "list", "data": [
-            {"id": cfg.model, "object": "model", "owned_by": "calibration", "max_model_len": 1_000_000}]})
+            {"id": cfg.model, "object": "model", "owned_by": "calibration", "max_model_len": 1_000_000,
+             "root": cfg.tokenizer or cfg.model}]})
 
     async def health(_request):
         return web.Response(text="")
@@ -406,7 +405,8 @@ class CalibrationServer:
 
     ``CalibrationServer(ttft_s=0.05, tpot_s=0.01)`` takes :class:`CalibrationConfig` fields (or
     ``config=``). ``base_url`` ends in ``/v1``; ``stats()`` returns the server's own record of every
-    request (the truth); ``reset()`` clears it.
+    request (the truth); ``reset()`` clears it. The process is a :class:`helpers.procs.Proc`: registered,
+    logged, and stopped with its whole tree on exit, on a failing cell and at interpreter exit.
 
     Introduced in lab 10 (Load Testing Honestly).
     """
@@ -424,8 +424,7 @@ class CalibrationServer:
         self.startup_timeout_s = startup_timeout_s
         self.use_uvloop = use_uvloop
         self.port: int | None = None
-        self._proc: subprocess.Popen | None = None
-        self._log = None
+        self.proc: procs.Proc | None = None
 
     @property
     def model(self) -> str:
@@ -440,60 +439,34 @@ class CalibrationServer:
         return f"{self.url}/v1"
 
     def start(self) -> "CalibrationServer":
-        cmd = [sys.executable, "-m", "helpers.bench.calibration", "--port", "0", *self.config.cli_args()]
+        self.port = procs.free_port()
+        # -c rather than -m: helpers.bench imports this module, and running it again as __main__ would load it twice.
+        cmd = [sys.executable, "-c", "import sys; from helpers.bench.calibration import _main; sys.exit(_main(sys.argv[1:]))",
+               "--port", str(self.port), *self.config.cli_args()]
         if not self.use_uvloop:
             cmd.append("--no-uvloop")
-        self._log = tempfile.TemporaryFile()
-        self._proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=self._log, text=True,
-                                      start_new_session=True)
-        atexit.register(self.stop)
-        sel = selectors.DefaultSelector()
-        sel.register(self._proc.stdout, selectors.EVENT_READ)
-        deadline = time.monotonic() + self.startup_timeout_s
-        try:
-            while time.monotonic() < deadline:
-                if not sel.select(timeout=0.2):
-                    if self._proc.poll() is not None:
-                        break
-                    continue
-                line = self._proc.stdout.readline()
-                if line.startswith(_READY):
-                    self.port = int(line[len(_READY):].strip())
-                    return self
-                if not line and self._proc.poll() is not None:
-                    break
-        finally:
-            sel.close()
-        err = self._stderr()
-        self.stop()
-        raise RuntimeError(f"the calibration server did not start within {self.startup_timeout_s:g} s "
-                           f"(exit code {self._proc.returncode if self._proc else None}). Its stderr:\n{err[-2000:]}")
+        self.proc = procs.Proc(cmd, kind="calibration", name=self.config.model, host="127.0.0.1",
+                               port=self.port).start()
 
-    def _stderr(self) -> str:
-        if self._log is None:
-            return ""
-        self._log.seek(0)
-        return self._log.read().decode(errors="replace")
+        def ready() -> bool:
+            import httpx
+
+            try:
+                return httpx.get(f"{self.url}/health", timeout=1.0).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        self.proc.wait_ready(ready, self.startup_timeout_s, what="the calibration server", interval=0.1)
+        return self
 
     def stop(self) -> None:
-        proc, self._proc = self._proc, None
-        if proc is None:
-            return
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=5)
-        if proc.stdout:
-            proc.stdout.close()
-        with contextlib.suppress(Exception):
-            atexit.unregister(self.stop)
+        if self.proc is not None:
+            self.proc.stop()
+            self.proc = None
 
     @property
     def running(self) -> bool:
-        return self._proc is not None and self._proc.poll() is None
+        return self.proc is not None and self.proc.running
 
     def stats(self) -> dict[str, Any]:
         """The server's truth: its configuration and one record per request it handled."""

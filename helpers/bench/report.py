@@ -10,14 +10,14 @@ TPOT/ITL and failures, and the exact commands to reproduce it. :class:`Benchmark
 from __future__ import annotations
 
 import dataclasses
-import html
 import json
 import platform
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from .runner import MaxRateResult
+from .. import artifacts
+from .search import MaxRateResult
 from .stats import SLO, goodput
 
 __all__ = ["ConfigResult", "BenchmarkReport"]
@@ -175,65 +175,8 @@ class BenchmarkReport:
         return "\n".join(head + table + verdict + repro + probes) + "\n"
 
     def write(self, directory: str | Path, charts: Mapping[str, Any] | None = None,
-              stem: str = "phase2_benchmark_report") -> dict[str, Path]:
-        """Write ``<stem>.md``, ``<stem>.json`` and ``<stem>.html`` (charts as inline SVG, no network needed)."""
-        d = Path(directory)
-        d.mkdir(parents=True, exist_ok=True)
-        md, js, page = d / f"{stem}.md", d / f"{stem}.json", d / f"{stem}.html"
-        text = self.to_markdown()
-        md.write_text(text)
-        js.write_text(json.dumps(self.as_dict(), indent=2, default=str) + "\n")
-        svgs = []
-        for title, chart in (charts or {}).items():
-            try:
-                import vl_convert as vlc
-
-                svgs.append(f"<h2>{html.escape(title)}</h2>\n" + vlc.vegalite_to_svg(chart.to_json()))
-            except Exception as e:  # noqa: BLE001 - a chart that cannot render must not lose the report
-                svgs.append(f"<h2>{html.escape(title)}</h2><p>chart not rendered: {html.escape(str(e))}</p>")
-        page.write_text(
-            "<!doctype html><meta charset='utf-8'><title>" + html.escape(self.title) + "</title>"
-            "<style>body{font-family:sans-serif;max-width:1100px;margin:2em auto}table{border-collapse:collapse}"
-            "td,th{border:1px solid #ccc;padding:4px 8px}pre{background:#f6f6f6;padding:8px;overflow:auto}</style>"
-            + _markdown_to_html(text) + "\n".join(svgs))
-        return {"md": md, "json": js, "html": page}
-
-
-def _markdown_to_html(text: str) -> str:
-    """Just enough Markdown for this report: headings, bullets, one table, code fences, bold."""
-    import re
-
-    out, in_table, in_code = [], False, False
-    for line in text.splitlines():
-        if line.startswith("```"):
-            out.append("</pre>" if in_code else "<pre>")
-            in_code = not in_code
-            continue
-        if in_code:
-            out.append(html.escape(line))
-            continue
-        esc = re.sub(r"\*\*(.+?)\*\*", r"<b>\1</b>", html.escape(line))
-        esc = re.sub(r"`(.+?)`", r"<code>\1</code>", esc)
-        if line.startswith("|"):
-            cells = [c.strip() for c in esc.strip("|").split("|")]
-            if set(line.replace("|", "").strip()) <= {"-", ":"}:
-                continue
-            tag = "th" if not in_table else "td"
-            if not in_table:
-                out.append("<table>")
-                in_table = True
-            out.append("<tr>" + "".join(f"<{tag}>{c}</{tag}>" for c in cells) + "</tr>")
-            continue
-        if in_table:
-            out.append("</table>")
-            in_table = False
-        if line.startswith("#"):
-            level = len(line) - len(line.lstrip("#"))
-            out.append(f"<h{level}>{esc.lstrip('#').strip()}</h{level}>")
-        elif line.startswith("- "):
-            out.append(f"<li>{esc[2:]}</li>")
-        elif line.strip():
-            out.append(f"<p>{esc}</p>")
-    if in_table:
-        out.append("</table>")
-    return "\n".join(out)
+              stem: str = "phase2_benchmark_report", provenance: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """Write ``<stem>.md``, ``.json`` and ``.html`` (charts as PNGs, no network needed); returns the paths
+        (see :func:`helpers.artifacts.write`)."""
+        return artifacts.write(directory, stem, title=self.title, markdown=self.to_markdown(), data=self.as_dict(),
+                               charts=charts, provenance=provenance)

@@ -1,13 +1,13 @@
-"""Running a benchmark: send a workload under a load profile, record every request, summarize.
+"""Running a benchmark: send a workload under an arrival process, record every request, summarize.
 
-``run(...)`` works the same from a notebook cell (where an event loop is already running) and from the
-CLI: the harness always runs its own asyncio loop in a dedicated thread, while the calling thread shows
-a progress bar. Every finished request is appended to ``OUT/requests.jsonl`` at once (a crash loses
-nothing finished); ``OUT/config.json`` (every parameter, versions, the command to reproduce) is written
-first and ``OUT/summary.json`` last. Warmup requests go to ``OUT/warmup.jsonl`` and count nowhere.
+``run(...)`` works the same from a notebook cell (where an event loop is already running) and from the CLI: the
+harness always runs its own asyncio loop in a dedicated thread, while the calling thread shows a progress bar.
+With an output folder (:class:`~helpers.bench.store.RunFolder`), every finished request is appended to
+``requests.jsonl`` at once (a crash loses nothing finished), ``config.json`` is written first and
+``summary.json`` last. Warmup requests go to ``warmup.jsonl`` and count nowhere.
 
-Server metrics: ``/metrics`` is scraped after warmup and after the run, its gauges are sampled during
-it, and the summary gets a reconciliation of the client's view with the server's.
+Server metrics: ``/metrics`` is scraped after warmup and after the run, its gauges are sampled during it, and the
+summary gets the server's view (:class:`helpers.metrics.ServerView`) and its reconciliation with the client's.
 """
 
 from __future__ import annotations
@@ -17,207 +17,123 @@ import contextlib
 import dataclasses
 import datetime as _dt
 import gc
-import json
 import math
-import platform
 import shlex
+import sys
 import threading
 import time
 import uuid
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
+
+import httpx
 
 from .. import metrics as _metrics
-from .client import ClientConfig, list_models, make_session, send
-from .profiles import LoadProfile, Poisson, Synchronous
-from .records import Request, RequestResult
-from .stats import SLO, Summary, goodput, metric_values, summarize
+from .. import provenance, settings
+from ..metrics import ServerView
+from .arrivals import Arrivals, Synchronous
+from .client import ClientConfig, make_session, send
+from .records import Request, RequestResult, Timings
+from .stats import SLO, metric_values, summarize
+from .store import RunFolder, RunResult
 from .workloads import Workload, WorkloadSpec
 
-__all__ = [
-    "RunResult",
-    "run",
-    "load_run",
-    "sweep",
-    "SweepResult",
-    "find_max_rate",
-    "MaxRateResult",
-    "Probe",
-    "reconcile",
-]
+__all__ = ["run", "reconcile", "Target", "target_of", "in_notebook"]
 
 GAUGES = ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc")
 
 
-# ------------------------------------------------------------------------------------- results
-@dataclass
-class RunResult:
-    """One run: its request records (warmup apart), summary, configuration, gauges and output folder.
+def in_notebook() -> bool:
+    """True inside a Jupyter kernel (where runs default to writing nothing and showing a notebook progress bar).
 
-    ``records`` are in workload order; ``df`` is one row per request; ``gauges`` are the server's
-    gauges sampled during the run (``t`` in seconds after the first dispatch).
+    Introduced in lab 02 (Prefill and Decode).
+    """
+    if "ipykernel" not in sys.modules:
+        return False
+    with contextlib.suppress(Exception):
+        from IPython import get_ipython
+
+        return get_ipython() is not None
+    return False
+
+
+# ---------------------------------------------------------------------------------------- target
+@dataclasses.dataclass
+class Target:
+    """Where a benchmark sends: the OpenAI base URL, the served model, its key, and what the server loaded.
+
+    ``model_path`` is the folder or hub id the server loaded (``/v1/models``' ``root``): the tokenizer that
+    counts this server's tokens. ``max_model_len`` bounds prompt + output.
 
     Introduced in lab 02 (Prefill and Decode).
     """
 
-    records: list[RequestResult]
-    summary: Summary
-    config: dict[str, Any] = field(default_factory=dict)
-    warmup_records: list[RequestResult] = field(default_factory=list)
-    gauges: list[dict[str, float]] = field(default_factory=list)
-    out_dir: Path | None = None
-
-    @property
-    def origin(self) -> float | None:
-        """The first dispatch (``perf_counter`` seconds): time 0 of charts and of ``df``."""
-        disp = [r.timings.t_dispatched for r in self.records if r.timings.t_dispatched is not None]
-        return min(disp) if disp else None
-
-    @property
-    def label(self) -> str:
-        return str(self.config.get("label") or self.config.get("profile", {}).get("profile", "run"))
-
-    @property
-    def df(self):
-        """A pandas DataFrame, one row per measured request (times in seconds after the first dispatch)."""
-        import pandas as pd
-
-        t0 = self.origin or 0.0
-        win = self.summary.window
-        slo = _slo_from(self.config.get("slo"))
-
-        def rel(t: float | None) -> float | None:
-            return None if t is None else t - t0
-
-        rows = []
-        for r in self.records:
-            t = r.timings
-            itl = r.itl_ms
-            row = {
-                "id": r.id, "ok": r.ok, "http_status": r.http_status, "error": r.error,
-                "input_tokens": r.input_tokens, "expected_input_tokens": r.expected_input_tokens,
-                "output_tokens": r.output_tokens, "expected_output_tokens": r.expected_output_tokens,
-                "ttft_ms": r.ttft_ms, "tpot_ms": r.tpot_ms, "e2e_ms": r.e2e_ms,
-                "itl_mean_ms": sum(itl) / len(itl) if itl else None, "client_queue_ms": r.client_queue_ms,
-                "scheduled_s": rel(t.t_scheduled), "dispatched_s": rel(t.t_dispatched),
-                "first_token_s": rel(t.t_first_token), "end_s": rel(t.t_end), "chunks": len(t.chunk_times),
-                "in_window": bool(win is not None and win.contains(t.t_end) and r.ok),
-                "tokens_exact": r.tokens_exact, "finish_reason": r.finish_reason,
-            }
-            if slo is not None:
-                row["meets_slo"] = slo.met(r)
-            rows.append(row)
-        return pd.DataFrame(rows)
-
-    def goodput(self, slo: SLO):
-        """Goodput of this run under ``slo`` (see :func:`helpers.bench.stats.goodput`)."""
-        return goodput(self.records, slo)
-
-    def values(self, metric: str) -> list[float]:
-        return metric_values(self.records, metric)
-
-    def __repr__(self) -> str:
-        where = f" in {self.out_dir}" if self.out_dir else ""
-        return f"<RunResult {self.label}: {self.summary.completed} completed, {self.summary.failed} failed{where}>"
-
-    def __str__(self) -> str:
-        head = f"{self.config.get('profile_description', self.label)} against {self.config.get('base_url', '?')}"
-        return head + "\n" + self.summary.table() + _server_lines(self.summary.server)
+    base_url: str
+    model: str
+    api_key: str | None = None
+    model_path: str | None = None
+    max_model_len: int | None = None
 
 
-def _server_lines(server: dict[str, Any] | None) -> str:
-    if not server:
-        return ""
-    if not server.get("available"):
-        return f"\nserver metrics: {server.get('note', 'unavailable')}"
+def target_of(server: Any, model: str | None = None, api_key: str | None = None) -> Target:
+    """A :class:`Target` from a :class:`helpers.server.Server` (or anything with ``base_url``) or a URL.
 
-    def f(key: str, spec: str = ".1f") -> str:
-        v = server.get(key)
-        return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, spec)
+    A URL is asked ``GET /v1/models`` for the served name, what it loaded, and its ``max_model_len``.
 
-    return ("\nserver: TTFT mean {} ms (client {} ms), queue {} ms, prefill {} ms; max KV cache {}, max waiting {}, "
-            "preemptions {}, prefix-cache hit rate {}").format(
-        f("server_ttft_mean_ms"), f("client_ttft_mean_ms"), f("server_queue_mean_ms"), f("server_prefill_mean_ms"),
-        f("kv_cache_usage_max", ".1%"), f("num_requests_waiting_max", ".0f"), f("preemptions", ".0f"),
-        f("prefix_cache_hit_rate", ".1%"))
-
-
-def _slo_from(d: Any) -> SLO | None:
-    if isinstance(d, SLO):
-        return d
-    if isinstance(d, dict) and any(v is not None for v in d.values()):
-        return SLO(**{k: d.get(k) for k in ("ttft_ms", "tpot_ms", "e2e_ms")})
-    return None
+    Introduced in lab 02 (Prefill and Decode).
+    """
+    if isinstance(server, Target):
+        return server
+    url = server if isinstance(server, str) else getattr(server, "base_url", None)
+    if not url:
+        raise TypeError(f"base_url must be a URL or a server (with .base_url), got {type(server).__name__}")
+    url = url.rstrip("/")
+    if not url.endswith("/v1"):
+        raise ValueError(f"base_url {url!r} does not end in /v1: it should be the OpenAI base URL "
+                         "(e.g. http://127.0.0.1:8000/v1), or pass the server itself")
+    api_key = api_key or getattr(server, "api_key", None)
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    try:
+        r = httpx.get(f"{url}/models", headers=headers, timeout=10.0)
+        r.raise_for_status()
+        cards = r.json().get("data", [])
+    except (httpx.HTTPError, ValueError) as e:
+        raise RuntimeError(f"could not ask {url}/models which model it serves ({e}). Is the server up at that "
+                           "address?") from e
+    if not cards:
+        raise RuntimeError(f"{url}/models lists no model")
+    card = next((c for c in cards if model in (None, c.get("id"))), None)
+    if card is None:
+        raise RuntimeError(f"{url} does not serve {model!r}; it serves {', '.join(c['id'] for c in cards)}")
+    path = getattr(server, "model_path", None) or card.get("root") or card.get("id")
+    return Target(base_url=url, model=card["id"], api_key=api_key, model_path=path,
+                  max_model_len=card.get("max_model_len"))
 
 
 # ------------------------------------------------------------------------------ reconciliation
-def _nan_to_none(v: float | None) -> float | None:
-    return None if v is None or (isinstance(v, float) and math.isnan(v)) else v
+def reconcile(view: ServerView, records: list[RequestResult]) -> dict[str, Any]:
+    """The client's view of a run next to the server's: means of TTFT, E2E, TPOT and ITL, and token totals.
 
-
-def reconcile(before: _metrics.Snapshot, after: _metrics.Snapshot, gauges: Sequence[dict[str, float]],
-              records: Sequence[RequestResult]) -> dict[str, Any]:
-    """The client's view of a run next to the server's (``/metrics`` before and after, gauges during).
-
-    Server means come from histogram deltas (``_sum / _count`` over the run); gauge maxima from the
-    samples (a spike shorter than the sampling interval can be missed). The client's TTFT includes the
-    network and HTTP on both ends, so it is a little above the server's.
+    The client's TTFT includes the network and HTTP on both ends, so it is a little above the server's; the
+    server's counts include failed requests, the client's token totals do not.
 
     Introduced in lab 10 (Load Testing Honestly).
     """
-    d = after.delta(before)
     rs = [r for r in records if not r.warmup]
     done = [r for r in rs if r.ok]
 
-    def ms(name: str) -> float | None:
-        v = _nan_to_none(d.histogram_mean(name))
-        return None if v is None else v * 1000.0
+    def mean(metric: str) -> float | None:
+        v = metric_values(rs, metric)
+        return sum(v) / len(v) if v else None
 
-    def mean(values: list[float]) -> float | None:
-        return sum(values) / len(values) if values else None
-
-    kv_name = "vllm:kv_cache_usage_perc" if after.has("vllm:kv_cache_usage_perc") else "vllm:gpu_cache_usage_perc"
-
-    def gmax(name: str) -> float | None:
-        vals = [g[name] for g in gauges if name in g and not math.isnan(g[name])]
-        vals += [v for v in (before.value(name), after.value(name)) if not math.isnan(v)]
-        return max(vals) if vals else None
-
-    queries = _nan_to_none(d.value("vllm:prefix_cache_queries_total"))
-    hits = _nan_to_none(d.value("vllm:prefix_cache_hits_total"))
-    out = {
-        "available": True,
-        "server_requests": _nan_to_none(d.value("vllm:time_to_first_token_seconds_count")),
-        "client_requests": len(rs),
-        "client_ttft_mean_ms": mean(metric_values(rs, "ttft")),
-        "server_ttft_mean_ms": ms("vllm:time_to_first_token_seconds"),
-        "client_e2e_mean_ms": mean(metric_values(rs, "e2e")),
-        "server_e2e_mean_ms": ms("vllm:e2e_request_latency_seconds"),
-        "client_tpot_mean_ms": mean(metric_values(rs, "tpot")),
-        "server_tpot_mean_ms": ms("vllm:request_time_per_output_token_seconds"),
-        "client_itl_mean_ms": mean(metric_values(rs, "itl")),
-        "server_itl_mean_ms": ms("vllm:inter_token_latency_seconds"),
-        "server_queue_mean_ms": ms("vllm:request_queue_time_seconds"),
-        "server_prefill_mean_ms": ms("vllm:request_prefill_time_seconds"),
-        "server_decode_mean_ms": ms("vllm:request_decode_time_seconds"),
-        "kv_cache_usage_max": gmax(kv_name),
-        "num_requests_running_max": gmax("vllm:num_requests_running"),
-        "num_requests_waiting_max": gmax("vllm:num_requests_waiting"),
-        "gauge_samples": len(gauges),
-        "preemptions": _nan_to_none(d.value("vllm:num_preemptions_total")),
-        "prefix_cache_queries": queries,
-        "prefix_cache_hits": hits,
-        "prefix_cache_hit_rate": (hits / queries) if queries and hits is not None else None,
-        "server_prompt_tokens": _nan_to_none(d.value("vllm:prompt_tokens_total")),
-        "client_input_tokens": sum(r.input_tokens or 0 for r in done),
-        "server_generation_tokens": _nan_to_none(d.value("vllm:generation_tokens_total")),
-        "client_output_tokens": sum(r.streamed_tokens for r in done),
-    }
-    c, s = out["client_ttft_mean_ms"], out["server_ttft_mean_ms"]
-    out["ttft_gap_ms"] = (c - s) if c is not None and s is not None else None
-    out["note"] = ("server numbers are deltas of /metrics between the end of warmup and the end of the run; they "
-                   "include failed requests, the client's token totals do not")
+    out: dict[str, Any] = {"client_requests": len(rs), "server_requests": view.requests}
+    for m in ("ttft", "e2e", "tpot", "itl"):
+        c, s = mean(m), getattr(view, f"{m}_mean_ms")
+        out[f"client_{m}_mean_ms"], out[f"server_{m}_mean_ms"] = c, s
+        out[f"{m}_gap_ms"] = (c - s) if c is not None and s is not None else None
+    out.update(client_input_tokens=sum(r.input_tokens or 0 for r in done), server_prompt_tokens=view.prompt_tokens,
+               client_output_tokens=sum(r.streamed_tokens for r in done),
+               server_generation_tokens=view.generation_tokens)
     return out
 
 
@@ -225,12 +141,11 @@ def reconcile(before: _metrics.Snapshot, after: _metrics.Snapshot, gauges: Seque
 class _Harness:
     """The asyncio side of a run, living in its own thread and loop."""
 
-    def __init__(self, requests: list[Request], warmup: list[Request], profile: LoadProfile, cfg: ClientConfig,
-                 out_dir: Path | None, server_metrics: bool, sample_interval_s: float, resolve_model: bool):
-        self.requests, self.warmup, self.profile, self.cfg = requests, warmup, profile, cfg
-        self.out_dir = out_dir
+    def __init__(self, requests: list[Request], warmup: list[Request], arrivals: Arrivals, cfg: ClientConfig,
+                 folder: RunFolder | None, server_metrics: bool, sample_interval_s: float):
+        self.requests, self.warmup, self.arrivals, self.cfg = requests, warmup, arrivals, cfg
+        self.folder = folder
         self.server_metrics, self.sample_interval_s = server_metrics, sample_interval_s
-        self.resolve_model = resolve_model
         self.records: list[RequestResult] = []
         self.warmup_records: list[RequestResult] = []
         self.done = 0
@@ -250,8 +165,6 @@ class _Harness:
         self.error: BaseException | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._main: asyncio.Task | None = None
-        self._fh = None
-        self._wfh = None
 
     # -- thread plumbing -----------------------------------------------------------------------
     def start(self) -> threading.Thread:
@@ -272,17 +185,13 @@ class _Harness:
     async def _amain(self) -> None:
         self._loop = asyncio.get_running_loop()
         self._main = asyncio.current_task()
-        if self.out_dir is not None:
-            self._fh = open(self.out_dir / "requests.jsonl", "a", encoding="utf-8")
-            if self.warmup:
-                self._wfh = open(self.out_dir / "warmup.jsonl", "a", encoding="utf-8")
         try:
             async with make_session() as session:
-                await self._prepare(session)
+                await self._version(session)
                 if self.warmup:
                     self.phase = "warmup"
-                    await self._closed(session, self.warmup, max(1, min(len(self.warmup),
-                                                                        self.profile_concurrency())), warm=True)
+                    await self._closed(session, self.warmup, max(1, min(len(self.warmup), self._concurrency())),
+                                       warm=True)
                 await self._scrape_before()
                 sampler = None
                 if self.before is not None:
@@ -295,10 +204,10 @@ class _Harness:
                 lag_task = asyncio.create_task(self._lag_monitor())
                 cpu0, wall0 = time.thread_time(), time.perf_counter()
                 try:
-                    if self.profile.open_loop:
-                        await self._open(session, self.requests, getattr(self.profile, "max_in_flight", None))
+                    if self.arrivals.open_loop:
+                        await self._open(session, self.requests, getattr(self.arrivals, "max_in_flight", None))
                     else:
-                        await self._closed(session, self.requests, int(getattr(self.profile, "concurrency", 1)))
+                        await self._closed(session, self.requests, self._concurrency())
                 finally:
                     self.cpu_s, self.wall_s = time.thread_time() - cpu0, time.perf_counter() - wall0
                     lag_task.cancel()
@@ -312,27 +221,17 @@ class _Harness:
                     except _metrics.MetricsUnavailable as e:
                         self.metrics_note = f"/metrics failed after the run: {e}"
         finally:
-            for fh in (self._fh, self._wfh):
-                if fh is not None:
-                    fh.close()
+            if self.folder is not None:
+                self.folder.close()
 
-    def profile_concurrency(self) -> int:
-        return int(getattr(self.profile, "concurrency", None) or 8)
+    def _concurrency(self) -> int:
+        return int(getattr(self.arrivals, "concurrency", None) or 8)
 
-    async def _prepare(self, session) -> None:
-        if self.resolve_model:
-            try:
-                ids = await list_models(session, self.cfg.base_url, self.cfg.api_key)
-            except Exception as e:  # noqa: BLE001
-                raise RuntimeError(f"could not ask {self.cfg.base_url}/models which model it serves ({e}). Is the "
-                                   "server up at that address? (model=... skips this lookup)") from e
-            if not ids:
-                raise RuntimeError(f"{self.cfg.base_url}/models lists no model; pass model=...")
-            self.cfg.model = ids[0]
-        root = self.cfg.base_url.rstrip("/").removesuffix("/v1")
+    async def _version(self, session) -> None:
+        import aiohttp
+
+        root = _metrics.server_root(self.cfg.base_url)
         with contextlib.suppress(Exception):
-            import aiohttp
-
             async with session.get(f"{root}/version", timeout=aiohttp.ClientTimeout(total=5)) as resp:
                 if resp.status == 200:
                     self.server_version = (await resp.json(content_type=None)).get("version")
@@ -372,8 +271,6 @@ class _Harness:
         except asyncio.CancelledError:
             raise
         except Exception as e:  # noqa: BLE001 - a client bug must not make a request vanish
-            from .records import Timings
-
             now = time.perf_counter()
             return RequestResult(id=req.id, timings=Timings(t_scheduled=t_sched, t_dispatched=now, t_end=now,
                                                             perf_anchor=self.perf_anchor,
@@ -384,17 +281,12 @@ class _Harness:
                                  warmup=req.warmup)
 
     def _finish(self, res: RequestResult, warm: bool) -> None:
-        line = json.dumps(res.to_dict(), separators=(",", ":")) + "\n"
+        if self.folder is not None:
+            self.folder.record(res, warmup=warm)
         if warm:
             self.warmup_records.append(res)
-            if self._wfh is not None:
-                self._wfh.write(line)
-                self._wfh.flush()
             return
         self.records.append(res)
-        if self._fh is not None:
-            self._fh.write(line)
-            self._fh.flush()
         self.done += 1
         if not res.ok:
             self.failed += 1
@@ -427,12 +319,12 @@ class _Harness:
 
 
 # ------------------------------------------------------------------------------------------ run
-def _materialize(workload: Workload | WorkloadSpec, num_requests: int | None, seed: int,
-                 warmup: int | None) -> Workload:
+def _materialize(workload: Workload | WorkloadSpec, num_requests: int | None, seed: int, warmup: int | None,
+                 tokenizer: str | None) -> Workload:
     if isinstance(workload, WorkloadSpec):
         if not num_requests:
             raise ValueError("give num_requests= to build the workload from its spec")
-        return workload.build(num_requests, seed=seed, warmup=warmup or 0)
+        return workload.build(num_requests, seed=seed, warmup=warmup or 0, tokenizer=tokenizer)
     if not isinstance(workload, Workload):
         raise TypeError(f"workload must be a Workload or a WorkloadSpec (FixedLength, SharedPrefix, FromJsonl), "
                         f"got {type(workload).__name__}")
@@ -445,30 +337,17 @@ def _materialize(workload: Workload | WorkloadSpec, num_requests: int | None, se
     return wl
 
 
-def _versions(server_version: str | None) -> dict[str, str | None]:
-    import importlib.metadata as md
-
-    out: dict[str, str | None] = {"python": platform.python_version()}
-    for pkg in ("llm-serving-labs", "aiohttp", "numpy", "pandas", "transformers", "tokenizers"):
-        try:
-            out[pkg] = md.version(pkg)
-        except md.PackageNotFoundError:
-            out[pkg] = None
-    out["server"] = server_version
-    return out
-
-
-def _default_out(profile: LoadProfile) -> Path:
+def _default_out(arrivals: Arrivals) -> Path:
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    return Path("runs") / "bench" / f"{stamp}-{profile.name}-{uuid.uuid4().hex[:4]}"
+    return settings.runs_dir() / "bench" / f"{stamp}-{arrivals.name}-{uuid.uuid4().hex[:4]}"
 
 
-def _command(cfg: dict[str, Any], spec: Any, profile: LoadProfile) -> str | None:
+def _command(cfg: dict[str, Any], spec: Any, arrivals: Arrivals) -> str | None:
     wl_args = spec.cli_args() if isinstance(spec, WorkloadSpec) else None
     if wl_args is None:
         return None
     args = ["python", "-m", "helpers.bench", "run", "--base-url", cfg["base_url"], "--model", str(cfg["model"]),
-            *wl_args, *profile.cli_args(), "--num-requests", str(cfg["num_requests"]),
+            *wl_args, *arrivals.cli_args(), "--num-requests", str(cfg["num_requests"]),
             "--warmup", str(cfg["warmup"]), "--seed", str(cfg["seed"])]
     if cfg.get("out"):
         args += ["--out", str(cfg["out"])]
@@ -481,35 +360,18 @@ def _command(cfg: dict[str, Any], spec: Any, profile: LoadProfile) -> str | None
     for k, v in (cfg.get("slo") or {}).items():
         if v is not None:
             args += [f"--slo-{k.removesuffix('_ms')}-ms", f"{v:g}"]
-    if cfg.get("api_key_set"):
-        args += ["--api-key", "$API_KEY"]
-    return " ".join(shlex.quote(a) if a != "$API_KEY" else a for a in args)
-
-
-def _write_json(path: Path, obj: Any) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=2, default=_json_default) + "\n")
-    tmp.replace(path)
-
-
-def _json_default(o: Any) -> Any:
-    if isinstance(o, Path):
-        return str(o)
-    if dataclasses.is_dataclass(o):
-        return dataclasses.asdict(o)
-    if isinstance(o, float) and math.isnan(o):
-        return None
-    return str(o)
+    cmd = " ".join(shlex.quote(a) for a in args)
+    return ("VLLM_API_KEY=$VLLM_API_KEY " + cmd) if cfg.get("api_key_set") else cmd
 
 
 class _Progress:
-    def __init__(self, enabled: bool, total: int, desc: str):
+    def __init__(self, enabled: bool, total: int, desc: str, leave: bool):
         self.bar = None
         if enabled:
             with contextlib.suppress(ImportError):
                 from tqdm.auto import tqdm
 
-                self.bar = tqdm(total=total, desc=desc, unit="req", leave=True)
+                self.bar = tqdm(total=total, desc=desc, unit="req", leave=leave)
 
     def update(self, h: _Harness) -> None:
         if self.bar is None:
@@ -526,9 +388,9 @@ class _Progress:
 
 def run(
     workload: Workload | WorkloadSpec,
-    profile: LoadProfile | None = None,
+    arrivals: Arrivals | None = None,
     *,
-    base_url: str,
+    base_url: Any,
     model: str | None = None,
     num_requests: int | None = None,
     warmup: int | None = None,
@@ -542,66 +404,67 @@ def run(
     slo: SLO | None = None,
     server_metrics: bool = True,
     sample_interval_s: float = 0.5,
-    progress: bool = True,
+    progress: bool | None = None,
     label: str | None = None,
     command: str | None = None,
 ) -> RunResult:
-    """Benchmark a server: send ``workload`` under ``profile`` (default synchronous) and summarize.
+    """Benchmark a server: send ``workload`` under ``arrivals`` (default synchronous) and summarize.
 
-    ``base_url`` is the OpenAI base URL ending in ``/v1``; ``model`` the served name (default: the
-    first one ``/v1/models`` lists). A :class:`WorkloadSpec` is built with ``num_requests``,
-    ``seed`` and ``warmup``; a built :class:`Workload` is sent as it is. Warmup requests (prompts
-    disjoint from the measured ones) run first, closed-loop, and count nowhere. ``out`` is the
-    results folder (default ``runs/bench/<time>-<profile>``; ``False``: write nothing). ``slo`` adds
-    goodput to the summary. Works in a notebook cell and in a script alike; Ctrl-C / interrupting the
-    kernel stops the run, keeps what finished on disk, and re-raises.
+    ``base_url`` is a :class:`helpers.server.Server` or the OpenAI base URL ending in ``/v1``; ``model`` the
+    served name (default: what the server lists). A :class:`WorkloadSpec` is built with ``num_requests``,
+    ``seed`` and ``warmup`` — and, unless it names its own, with *the served model's tokenizer*, so prompt lengths
+    are exact for that model. A built :class:`Workload` is sent as it is. Warmup requests (prompts disjoint from
+    the measured ones) run first, closed-loop, and count nowhere. ``slo`` adds goodput to the summary.
+
+    ``out``: the results folder; ``True`` for a new one under ``runs/bench/``; ``False`` to write nothing. The
+    default is nothing in a notebook (the result is in memory) and a new folder from a script. ``progress``
+    defaults to a bar in a notebook (it disappears when the run ends). Works in a notebook cell and in a script
+    alike; Ctrl-C / interrupting the kernel stops the run, keeps what finished on disk, and re-raises.
 
     Introduced in lab 02 (Prefill and Decode).
     """
-    profile = profile or Synchronous()
-    if not base_url.rstrip("/").endswith("/v1"):
-        import warnings
-
-        warnings.warn(f"base_url {base_url!r} does not end in /v1: it should be the OpenAI base URL "
-                      "(e.g. http://127.0.0.1:8000/v1), else every request may fail with HTTP 404", stacklevel=2)
-    wl = _materialize(workload, num_requests, seed, warmup)
-    offsets = profile.offsets(len(wl.requests)) if profile.open_loop else None
+    arrivals = arrivals or Synchronous()
+    notebook = in_notebook()
+    target = target_of(base_url, model=model, api_key=api_key)
+    wl = _materialize(workload, num_requests, seed, warmup, target.model_path)
+    longest = max((r.expected_input_tokens or 0) + r.max_output_tokens for r in [*wl.requests, *wl.warmup]) \
+        if wl.requests else 0
+    if target.max_model_len and longest > target.max_model_len:
+        raise ValueError(f"the workload's longest request needs {longest:,} tokens (prompt + output) but the server's "
+                         f"max_model_len is {target.max_model_len:,}: shorten it, or serve a longer context")
+    offsets = arrivals.offsets(len(wl.requests)) if arrivals.open_loop else None
     reqs = [r.with_offset(o) for r, o in zip(wl.requests, offsets)] if offsets is not None else list(wl.requests)
-    out_dir: Path | None = None
-    if out is not False:
-        out_dir = Path(out) if out not in (None, True) else _default_out(profile)
-        out_dir.mkdir(parents=True, exist_ok=True)
-        for name in ("requests.jsonl", "warmup.jsonl", "summary.json", "gauges.jsonl"):
-            (out_dir / name).unlink(missing_ok=True)
-    cfg = ClientConfig(base_url=base_url, model=model or "", api_key=api_key, temperature=temperature,
-                       timeout_s=timeout_s, vllm_extras=vllm_extras, extra_body=dict(extra_body or {}))
+    if out is None:
+        out = not notebook
+    out_dir = None if out is False else (_default_out(arrivals) if out is True else Path(out))
+    folder = RunFolder(out_dir) if out_dir is not None else None
+    cfg = ClientConfig(base_url=target.base_url, model=target.model, api_key=target.api_key,
+                       temperature=temperature, timeout_s=timeout_s, vllm_extras=vllm_extras,
+                       extra_body=dict(extra_body or {}))
     spec = workload if isinstance(workload, WorkloadSpec) else None
     config: dict[str, Any] = {
         "tool": "helpers.bench", "status": "running", "label": label,
         "started": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "base_url": base_url, "model": model, "endpoint": wl.endpoint,
-        "profile": profile.as_dict(), "profile_description": profile.describe(),
+        "base_url": target.base_url, "model": target.model, "model_path": target.model_path,
+        "endpoint": wl.endpoint, "arrivals": arrivals.as_dict(), "arrivals_description": arrivals.describe(),
         "workload": wl.spec or (spec.as_dict() if spec else {}),
         "num_requests": len(wl.requests), "warmup": len(wl.warmup), "seed": seed,
         "out": str(out_dir) if out_dir else None, "timeout_s": timeout_s, "temperature": temperature,
         "vllm_extras": vllm_extras, "extra_body": extra_body or {}, "slo": slo.as_dict() if slo else None,
         "server_metrics": server_metrics, "sample_interval_s": sample_interval_s,
-        "api_key_set": bool(api_key), "argv": None,
+        "api_key_set": bool(target.api_key), "argv": command,
     }
-    h = _Harness(reqs, list(wl.warmup), profile, cfg, out_dir, server_metrics, sample_interval_s,
-                 resolve_model=model is None)
+    h = _Harness(reqs, list(wl.warmup), arrivals, cfg, folder, server_metrics, sample_interval_s)
     config["anchor"] = {"perf_counter": h.perf_anchor, "wall": h.wall_anchor}
-    config["versions"] = _versions(None)
-    config["command"] = command or _command(config, spec, profile)
-    if command:
-        config["argv"] = command
-    if out_dir is not None:
-        _write_json(out_dir / "config.json", config)
+    config["versions"] = provenance.versions()
+    config["command"] = command or _command(config, spec, arrivals)
+    if folder is not None:
+        folder.config(config)
 
-    bar = _Progress(progress, len(reqs), label or profile.describe())
-    # A full garbage collection of a big heap (a notebook with torch and transformers loaded holds
-    # millions of objects) stops every thread for ~100 ms: freeze what exists, so only the run's own
-    # objects are ever scanned, and unfreeze afterwards.
+    bar = _Progress(notebook if progress is None else progress, len(reqs), label or arrivals.describe(),
+                    leave=not notebook)
+    # A full garbage collection of a big heap (a notebook with torch and transformers loaded holds millions of
+    # objects) stops every thread for ~100 ms: freeze what exists, so only the run's own objects are ever scanned.
     freeze = gc.get_freeze_count() == 0
     if freeze:
         gc.freeze()
@@ -620,19 +483,15 @@ def run(
             gc.unfreeze()
         bar.update(h)
         bar.close()
-    if h.error is not None and not (interrupted and isinstance(h.error, asyncio.CancelledError)):
-        if not isinstance(h.error, asyncio.CancelledError):
-            config["status"] = f"failed: {type(h.error).__name__}: {h.error}"
-            if out_dir is not None:
-                _write_json(out_dir / "config.json", config)
-            raise h.error
+    if h.error is not None and not isinstance(h.error, asyncio.CancelledError):
+        config["status"] = f"failed: {type(h.error).__name__}: {h.error}"
+        if folder is not None:
+            folder.config(config)
+        raise h.error
 
-    config["model"] = cfg.model
-    config["versions"] = _versions(h.server_version)
+    config["versions"]["server"] = h.server_version
     config["finished"] = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     config["status"] = "interrupted" if interrupted else "complete"
-    if not command:
-        config["command"] = _command(config, spec, profile)
     if config["command"] is None:
         config["command_note"] = ("the workload was a Workload built in Python, which the CLI cannot express: "
                                   "rebuild it and call bench.run with the parameters above")
@@ -642,13 +501,14 @@ def run(
     origin = min((r.timings.t_dispatched for r in records if r.timings.t_dispatched is not None), default=None)
     gauges = _gauges_relative(h.gauges, h.perf_anchor, h.wall_anchor, origin)
     if h.before is not None and h.after is not None:
-        summary.server = reconcile(h.before, h.after, h.gauges, records)
+        summary.server = ServerView.between(h.before, h.after, h.gauges)
+        summary.reconciliation = reconcile(summary.server, records)
     else:
         note = h.metrics_note or ("the run was interrupted before the closing /metrics scrape"
                                   if interrupted else "no server metrics")
-        summary.server = {"available": False, "note": note}
+        summary.server = ServerView.unavailable(note)
         if server_metrics:
-            summary.warnings.append(f"server metrics: {summary.server['note']}")
+            summary.warnings.append(f"server metrics: {note}")
     summary.client = _client_report(h, len(records))
     if summary.client.get("warning"):
         summary.warnings.append(summary.client["warning"])
@@ -656,12 +516,8 @@ def run(
         summary.warnings.append(f"interrupted: {len(records)} of {len(reqs)} requests finished")
     result = RunResult(records=records, summary=summary, config=config, warmup_records=h.warmup_records,
                        gauges=gauges, out_dir=out_dir)
-    if out_dir is not None:
-        _write_json(out_dir / "summary.json", summary.as_dict())
-        _write_json(out_dir / "config.json", config)
-        with open(out_dir / "gauges.jsonl", "w", encoding="utf-8") as fh:
-            for g in gauges:
-                fh.write(json.dumps(g) + "\n")
+    if folder is not None:
+        folder.finish(summary, config, gauges)
     if interrupted:
         raise KeyboardInterrupt(f"benchmark interrupted; {len(records)} finished requests are in {out_dir}")
     return result
@@ -700,257 +556,3 @@ def _client_report(h: _Harness, n: int) -> dict[str, Any]:
         rep["warning"] = (f"the client's event loop lagged (p99 {rep['loop_lag_p99_ms']:.1f} ms): latencies include "
                           f"client delay; {why}")
     return rep
-
-
-# ------------------------------------------------------------------------------------- reload
-def _read_jsonl(path: Path) -> list[RequestResult]:
-    out = []
-    if not path.is_file():
-        return out
-    with open(path, encoding="utf-8") as fh:
-        for line in fh:
-            line = line.strip()
-            if not line:
-                continue
-            try:
-                out.append(RequestResult.from_dict(json.loads(line)))
-            except (ValueError, TypeError):
-                continue  # a line cut by a crash
-    return out
-
-
-def load_run(path: str | Path, slo: SLO | None = None, seed: int | None = None) -> RunResult:
-    """Reload a run's folder and recompute its summary from the saved records.
-
-    ``slo`` (default: the run's own) sets goodput; server and client reports are kept as saved (they
-    came from scrapes, not from the records). Works on a run that crashed or is still running.
-
-    Introduced in lab 02 (Prefill and Decode).
-    """
-    d = Path(path)
-    if not (d / "requests.jsonl").is_file():
-        raise FileNotFoundError(f"{d} holds no requests.jsonl: not a benchmark run folder")
-    config = json.loads((d / "config.json").read_text()) if (d / "config.json").is_file() else {}
-    saved = json.loads((d / "summary.json").read_text()) if (d / "summary.json").is_file() else {}
-    records = _read_jsonl(d / "requests.jsonl")
-    slo = slo if slo is not None else _slo_from(config.get("slo"))
-    summary = summarize(records, slo=slo, seed=config.get("seed", 0) if seed is None else seed)
-    summary.server = saved.get("server")
-    summary.client = saved.get("client")
-    gauges = []
-    if (d / "gauges.jsonl").is_file():
-        gauges = [json.loads(x) for x in (d / "gauges.jsonl").read_text().splitlines() if x.strip()]
-    if slo is not None:
-        config = {**config, "slo": slo.as_dict()}
-    return RunResult(records=records, summary=summary, config=config, warmup_records=_read_jsonl(d / "warmup.jsonl"),
-                     gauges=gauges, out_dir=d)
-
-
-# -------------------------------------------------------------------------------------- sweeps
-@dataclass
-class SweepResult:
-    """Runs of a sweep, in order, with one summary row per run in ``df``.
-
-    Introduced in lab 11 (Latency, Throughput, Goodput).
-    """
-
-    runs: list[RunResult]
-    parameter: str
-    values: list[float]
-
-    @property
-    def df(self):
-        import pandas as pd
-
-        rows = []
-        for v, r in zip(self.values, self.runs):
-            s = r.summary
-            row = {self.parameter: v, "completed": s.completed, "failed": s.failed,
-                   "request_throughput": s.request_throughput, "output_throughput": s.output_throughput,
-                   "achieved_rate": s.achieved_rate}
-            for m in ("ttft", "tpot", "itl", "e2e", "client_queue"):
-                dist = getattr(s, f"{m}_ms")
-                row[f"{m}_p50_ms"], row[f"{m}_p99_ms"] = dist.p50, dist.p99
-            if s.goodput is not None:
-                row["goodput"] = s.goodput.goodput_rps
-            rows.append(row)
-        return pd.DataFrame(rows)
-
-    def chart(self, **kwargs: Any):
-        from .charts import latency_throughput
-
-        return latency_throughput(self, **kwargs)
-
-
-def sweep(
-    workload: WorkloadSpec,
-    *,
-    rates: Sequence[float] | None = None,
-    concurrencies: Sequence[int] | None = None,
-    num_requests: int | None = None,
-    duration_s: float | None = None,
-    min_requests: int = 20,
-    seed: int = 0,
-    warmup: int = 0,
-    out: str | Path | None | bool = None,
-    **run_kwargs: Any,
-) -> SweepResult:
-    """Run the same workload at several Poisson ``rates`` or closed-loop ``concurrencies``.
-
-    Each run gets fresh prompts (seed + i), so no run warms the prefix cache for the next. Per run:
-    ``num_requests``, or for rates ``max(min_requests, rate * duration_s)``. ``out`` is a parent folder
-    (one subfolder per run). Other keywords go to :func:`run`.
-
-    Introduced in lab 11 (Latency, Throughput, Goodput).
-    """
-    from .profiles import Concurrent
-
-    if not isinstance(workload, WorkloadSpec):
-        raise TypeError("sweep needs a WorkloadSpec (FixedLength, SharedPrefix, FromJsonl) so each run gets fresh "
-                        "prompts; a built Workload would repeat them and hit the prefix cache")
-    if (rates is None) == (concurrencies is None):
-        raise ValueError("give exactly one of rates=[...] (Poisson) or concurrencies=[...] (closed loop)")
-    parent = None if out is False else (Path(out) if out not in (None, True) else
-                                        Path("runs") / "bench" / f"sweep-{_dt.datetime.now():%Y%m%d-%H%M%S}")
-    runs: list[RunResult] = []
-    values = list(rates if rates is not None else concurrencies)  # type: ignore[arg-type]
-    for i, v in enumerate(values):
-        if rates is not None:
-            profile: LoadProfile = Poisson(float(v), seed=seed + i)
-            n = num_requests or max(min_requests, int(math.ceil(float(v) * (duration_s or 30.0))))
-            name = f"rate-{v:g}"
-        else:
-            profile = Concurrent(int(v))
-            n = num_requests or max(min_requests, int(v) * 4)
-            name = f"concurrency-{int(v)}"
-        r = run(workload, profile, num_requests=n, seed=seed + i, warmup=warmup,
-                out=False if parent is None else parent / name, label=name, **run_kwargs)
-        runs.append(r)
-    return SweepResult(runs=runs, parameter="rate" if rates is not None else "concurrency", values=values)
-
-
-@dataclass
-class Probe:
-    """One run of :func:`find_max_rate`: its rate, the measured quantile, and whether it passed (and why not).
-
-    Introduced in lab 11 (Latency, Throughput, Goodput).
-    """
-
-    rate: float
-    value_ms: float | None
-    passed: bool
-    reason: str
-    run: RunResult | None = None
-
-
-@dataclass
-class MaxRateResult:
-    """The highest Poisson rate found that kept ``q`` quantile of ``metric`` within the SLO.
-
-    Introduced in lab 11 (Latency, Throughput, Goodput).
-    """
-
-    rate: float | None
-    metric: str
-    q: float
-    target_ms: float
-    probes: list[Probe]
-    bracket: tuple[float | None, float | None]
-
-    @property
-    def df(self):
-        import pandas as pd
-
-        return pd.DataFrame([{"rate": p.rate, f"{self.metric}_p{self.q * 100:g}_ms": p.value_ms, "passed": p.passed,
-                              "reason": p.reason} for p in self.probes])
-
-    def __str__(self) -> str:
-        lo, hi = self.bracket
-        best = f"{self.rate:.3g} req/s" if self.rate is not None else "none (even the lowest rate failed)"
-        fmt = lambda r: "none" if r is None else f"{r:.3g}"  # noqa: E731
-        return (f"max rate with {self.metric} p{self.q * 100:g} <= {self.target_ms:g} ms: {best} "
-                f"(passes at {fmt(lo)}, fails at {fmt(hi)}; {len(self.probes)} runs)")
-
-
-def find_max_rate(
-    workload: WorkloadSpec,
-    slo: SLO,
-    *,
-    metric: str = "ttft",
-    q: float = 0.99,
-    start_rate: float = 1.0,
-    max_rate: float | None = None,
-    rel_tol: float = 0.1,
-    max_runs: int = 8,
-    duration_s: float = 20.0,
-    min_requests: int = 30,
-    max_failure_rate: float = 0.01,
-    seed: int = 0,
-    out: str | Path | None | bool = None,
-    runner: Callable[..., RunResult] | None = None,
-    **run_kwargs: Any,
-) -> MaxRateResult:
-    """Search the highest Poisson rate whose ``q`` quantile of ``metric`` stays within ``slo``.
-
-    Bracketing then bisection: from ``start_rate`` double while runs pass (halve while they fail)
-    until a pass and a fail bracket the answer, then bisect until the bracket is within ``rel_tol``
-    of the passing rate, or ``max_runs`` runs were made. A run passes when the quantile is within the
-    SLO's bound for ``metric``, at most ``max_failure_rate`` of requests failed, and the client kept
-    its schedule (client queue p99 under 10% of the bound). Each run lasts about ``duration_s``
-    (at least ``min_requests`` requests) with fresh prompts. ``runner`` replaces :func:`run` (for tests).
-
-    Introduced in lab 11 (Latency, Throughput, Goodput).
-    """
-    m = metric.removesuffix("_ms")
-    target = getattr(slo, f"{m}_ms", None)
-    if target is None:
-        raise ValueError(f"slo sets no bound for {m!r}: e.g. SLO({m}_ms=500)")
-    runner = runner or run
-    parent = None if out is False else (Path(out) if out not in (None, True) else
-                                        Path("runs") / "bench" / f"maxrate-{_dt.datetime.now():%Y%m%d-%H%M%S}")
-    probes: list[Probe] = []
-    lo: float | None = None
-    hi: float | None = None
-    rate = float(start_rate)
-    for i in range(max_runs):
-        n = max(min_requests, int(math.ceil(rate * duration_s)))
-        r = runner(workload, Poisson(rate, seed=seed + i), num_requests=n, seed=seed + i,
-                   out=False if parent is None else parent / f"probe-{i}-rate-{rate:.4g}", slo=slo,
-                   label=f"rate {rate:.4g}", **run_kwargs)
-        s = r.summary
-        dist = getattr(s, f"{m}_ms")
-        value = dist.p99 if q == 0.99 else _quantile(r.records, m, q)
-        reasons = []
-        if value is None:
-            reasons.append("no completed requests")
-        elif value > target:
-            reasons.append(f"p{q * 100:g} {value:.1f} ms > {target:g} ms")
-        if s.failure_rate > max_failure_rate:
-            reasons.append(f"{s.failure_rate:.1%} failed")
-        cq = s.client_queue_ms.p99
-        if cq is not None and cq > 0.1 * target:
-            reasons.append(f"client fell behind its schedule (client queue p99 {cq:.1f} ms)")
-        passed = not reasons
-        probes.append(Probe(rate, value, passed, "; ".join(reasons) or "ok", r))
-        if passed:
-            lo = rate if lo is None else max(lo, rate)
-        else:
-            hi = rate if hi is None else min(hi, rate)
-        if lo is not None and hi is not None:
-            if (hi - lo) / lo <= rel_tol:
-                break
-            rate = (lo + hi) / 2
-        elif lo is not None:
-            if max_rate is not None and lo >= max_rate:
-                break
-            rate = rate * 2 if max_rate is None else min(rate * 2, max_rate)
-        else:
-            rate = rate / 2
-    return MaxRateResult(rate=lo, metric=m, q=q, target_ms=float(target), probes=probes, bracket=(lo, hi))
-
-
-def _quantile(records: list[RequestResult], metric: str, q: float) -> float | None:
-    import numpy as np
-
-    vals = metric_values(records, metric)
-    return float(np.percentile(vals, q * 100)) if vals else None

@@ -11,7 +11,6 @@ from __future__ import annotations
 import math
 from collections import Counter
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 import numpy as np
@@ -321,20 +320,13 @@ class Goodput:
 
 
 def _records_of(records_or_run: Any) -> list[RequestResult]:
-    if isinstance(records_or_run, (str, Path)):
-        from .runner import load_run
-
-        return load_run(records_or_run).records
-    if hasattr(records_or_run, "records"):
-        return list(records_or_run.records)
-    return list(records_or_run)
+    return list(records_or_run.records) if hasattr(records_or_run, "records") else list(records_or_run)
 
 
 def goodput(records_or_run: Any, slo: SLO) -> Goodput:
     """Goodput under ``slo``: requests meeting every set bound that end in the window, per second.
 
-    Accepts a :class:`~helpers.bench.runner.RunResult`, a list of records, or a run's folder, so a
-    saved run can be judged against a new SLO without running it again.
+    Accepts a run or a list of records (``helpers.bench.goodput`` also takes a run's folder).
 
     Introduced in lab 11 (Latency, Throughput, Goodput).
     """
@@ -382,8 +374,9 @@ class Summary:
     output_tokens: dict[str, Any]
     goodput: Goodput | None = None
     warnings: list[str] = field(default_factory=list)
-    server: dict[str, Any] | None = None
-    client: dict[str, Any] | None = None
+    server: Any = None                    # helpers.metrics.ServerView: what /metrics said
+    client: dict[str, Any] | None = None  # the load generator's own health (CPU, event-loop lag)
+    reconciliation: dict[str, Any] | None = None  # the client's means next to the server's
 
     @property
     def failure_rate(self) -> float:
@@ -405,8 +398,9 @@ class Summary:
         d["input_tokens"], d["output_tokens"] = self.input_tokens, self.output_tokens
         d["goodput"] = self.goodput.as_dict() if self.goodput else None
         d["warnings"] = list(self.warnings)
-        d["server"] = self.server
+        d["server"] = self.server.as_dict() if hasattr(self.server, "as_dict") else self.server
         d["client"] = self.client
+        d["reconciliation"] = self.reconciliation
         return d
 
     def table(self) -> str:
@@ -573,7 +567,8 @@ def compare(run_a: Any, run_b: Any, metric: str = "ttft", q: float = 0.99, n_boo
             seed: int = 0) -> Comparison:
     """Do two runs really differ in the ``q`` quantile of ``metric``? Bootstrap both, difference ``b - a``.
 
-    ``run_a``/``run_b`` are runs, record lists or run folders. The runs are resampled independently.
+    ``run_a``/``run_b`` are runs or record lists (``helpers.bench.compare`` also takes run folders). The runs
+    are resampled independently.
 
     Introduced in lab 10 (Load Testing Honestly).
     """

@@ -1,8 +1,9 @@
 """Workloads: the prompts a benchmark sends, with their exact token counts.
 
-Prompts are built with the served model's own tokenizer (``transformers.AutoTokenizer`` from a local
-path; by default the embedded model's), from words of its vocabulary drawn with a seeded RNG, then
-re-encoded and adjusted until the count is exact. Nothing is downloaded at run time.
+Prompts are built with the served model's own tokenizer (``transformers.AutoTokenizer``; :func:`helpers.bench.run`
+hands a spec the tokenizer of the server it targets, unless the spec names one), from words of its vocabulary drawn
+with a seeded RNG, then re-encoded and adjusted until the count is exact. A tokenizer is read from the hub cache
+when it is there; only a model not cached on this machine is downloaded.
 
 - For ``/v1/completions`` the prompt is exactly ``input_len`` tokens as the server counts them
   (special tokens such as a BOS included).
@@ -27,6 +28,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from .. import models, settings
 from .records import Request
 
 __all__ = [
@@ -42,16 +44,7 @@ __all__ = [
 ]
 
 #: ~50 varied chat prompts written for the labs (``{"messages": [...], "output_len": N}`` per line).
-def _data_dir() -> Path:
-    from .. import runtime
-
-    try:
-        return runtime.data_dir()
-    except FileNotFoundError:
-        return Path(__file__).resolve().parents[2] / "data"
-
-
-SAMPLE_CHAT = _data_dir() / "prompts" / "sample_chat.jsonl"
+SAMPLE_CHAT = settings.data_dir() / "prompts" / "sample_chat.jsonl"
 
 _WARMUP_SEED_SALT = 0x5741524D  # "WARM": warmup prompts come from their own random stream
 _WARMUP_PREFIX = "Warmup only, do not cache. "
@@ -59,18 +52,12 @@ _WORD = re.compile(r"^[a-z]{3,10}$")
 
 
 # ------------------------------------------------------------------------------------ tokenizer
-def _default_tokenizer_path() -> str:
-    from .. import models
-
-    return str(models.default_model(quiet=True))
-
-
 @functools.lru_cache(maxsize=8)
 def load_tokenizer(path: str | None = None):
-    """The served model's tokenizer (``transformers.AutoTokenizer``), cached per path.
+    """A model's tokenizer (``transformers.AutoTokenizer``), cached per model.
 
-    ``path`` is a local checkpoint folder (default: the embedded model, ``helpers.models.default_model()``)
-    or a Hugging Face id.
+    ``path`` is a checkpoint folder or a Hugging Face id (default: the embedded model). A model in the hub cache
+    (or a folder) loads offline; any other id is downloaded, as vLLM would download it.
 
     Introduced in lab 02 (Prefill and Decode).
     """
@@ -79,11 +66,10 @@ def load_tokenizer(path: str | None = None):
     except ImportError as e:  # pragma: no cover - vLLM brings transformers
         raise ImportError("building workloads needs `transformers` (vLLM installs it; else "
                           "`pip install transformers`)") from e
-    path = path or _default_tokenizer_path()
-    local = Path(path).expanduser()
-    if local.exists():
+    local = models.local_path(path or models.DEFAULT_ID)
+    if local is not None:
         return AutoTokenizer.from_pretrained(str(local), local_files_only=True)
-    return AutoTokenizer.from_pretrained(path)
+    return AutoTokenizer.from_pretrained(str(path))
 
 
 class TokenCounter:
@@ -152,7 +138,7 @@ class TokenCounter:
 
 @functools.lru_cache(maxsize=8)
 def _counter_for(path: str | None) -> TokenCounter:
-    return TokenCounter(load_tokenizer(path), name=path or "default")
+    return TokenCounter(load_tokenizer(path), name=path or models.DEFAULT_ID)
 
 
 def token_counter(tokenizer: Any = None) -> TokenCounter:
@@ -209,8 +195,15 @@ class WorkloadSpec:
 
     endpoint: str = "chat"
 
-    def build(self, num_requests: int, seed: int = 0, warmup: int = 0) -> Workload:  # pragma: no cover
+    def build(self, num_requests: int, seed: int = 0, warmup: int = 0,
+              tokenizer: str | None = None) -> Workload:  # pragma: no cover
+        """``num_requests`` requests (and ``warmup`` warmup requests), counted with the spec's own tokenizer, else
+        ``tokenizer`` (the served model's, as :func:`helpers.bench.run` passes it), else the default model's."""
         raise NotImplementedError
+
+    def _counter(self, tokenizer: str | None) -> "TokenCounter":
+        own = getattr(self, "tokenizer", None)
+        return token_counter(own if own not in (None, False) else tokenizer)
 
     def as_dict(self) -> dict[str, Any]:
         d = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(self).items()}  # type: ignore[call-overload]
@@ -246,13 +239,13 @@ class FixedLength(WorkloadSpec):
     endpoint: str = "chat"
     tokenizer: str | None = None
 
-    def build(self, num_requests: int, seed: int = 0, warmup: int = 0) -> Workload:
-        tc = token_counter(self.tokenizer)
+    def build(self, num_requests: int, seed: int = 0, warmup: int = 0, tokenizer: str | None = None) -> Workload:
+        tc = self._counter(tokenizer)
         rng = np.random.default_rng(seed)
         reqs = [self._one(tc, f"{i}", rng, "") for i in range(num_requests)]
         wrng = np.random.default_rng([seed, _WARMUP_SEED_SALT])
         warm = [self._one(tc, f"warmup-{i}", wrng, _WARMUP_PREFIX, warmup=True) for i in range(warmup)]
-        return Workload(self.endpoint, reqs, warm, {**self.as_dict(), "seed": seed})
+        return Workload(self.endpoint, reqs, warm, {**self.as_dict(), "seed": seed, "tokenizer": tc.name})
 
     def _one(self, tc: TokenCounter, rid: str, rng: np.random.Generator, lead: str, warmup: bool = False) -> Request:
         if self.endpoint == "completions":
@@ -294,8 +287,8 @@ class SharedPrefix(WorkloadSpec):
     num_prefixes: int = 1
     tokenizer: str | None = None
 
-    def build(self, num_requests: int, seed: int = 0, warmup: int = 0) -> Workload:
-        tc = token_counter(self.tokenizer)
+    def build(self, num_requests: int, seed: int = 0, warmup: int = 0, tokenizer: str | None = None) -> Workload:
+        tc = self._counter(tokenizer)
         rng = np.random.default_rng(seed)
         prefixes = [self._prefix(tc, rng, "") for _ in range(max(1, self.num_prefixes))]
         reqs = [self._one(tc, f"{i}", rng, prefixes[i % len(prefixes)], i % len(prefixes))
@@ -303,7 +296,7 @@ class SharedPrefix(WorkloadSpec):
         wrng = np.random.default_rng([seed, _WARMUP_SEED_SALT])
         wprefix = self._prefix(tc, wrng, _WARMUP_PREFIX) if warmup else ""
         warm = [self._one(tc, f"warmup-{i}", wrng, wprefix, -1, warmup=True) for i in range(warmup)]
-        return Workload(self.endpoint, reqs, warm, {**self.as_dict(), "seed": seed})
+        return Workload(self.endpoint, reqs, warm, {**self.as_dict(), "seed": seed, "tokenizer": tc.name})
 
     def _prefix(self, tc: TokenCounter, rng: np.random.Generator, lead: str) -> str:
         count = tc.completion if self.endpoint == "completions" else tc.content
@@ -377,7 +370,7 @@ class FromJsonl(WorkloadSpec):
             raise ValueError(f"{p} holds no prompts")
         return rows
 
-    def build(self, num_requests: int, seed: int = 0, warmup: int = 0) -> Workload:
+    def build(self, num_requests: int, seed: int = 0, warmup: int = 0, tokenizer: str | None = None) -> Workload:
         import warnings
 
         rows = self.rows()
@@ -387,7 +380,7 @@ class FromJsonl(WorkloadSpec):
         if num_requests > len(rows):
             warnings.warn(f"{num_requests} requests from {len(rows)} prompts: prompts repeat, and repeats hit the "
                           "prefix cache", stacklevel=2)
-        tc = None if self.tokenizer is False else token_counter(self.tokenizer or None)
+        tc = None if self.tokenizer is False else self._counter(tokenizer)
         reqs = []
         for i in range(num_requests):
             row = rows[order[i % len(rows)]]
@@ -412,9 +405,10 @@ class FromJsonl(WorkloadSpec):
             outs = sorted(r.max_output_tokens for r in reqs) or [32]
             median_in = max(8, min(ins[len(ins) // 2], 2048))
             synth = FixedLength(input_len=median_in, output_len=outs[len(outs) // 2], endpoint=self.endpoint,
-                                tokenizer=self.tokenizer or None)
+                                tokenizer=tc.name)
             warm = synth.build(0, seed=seed, warmup=warmup).warmup
-        return Workload(self.endpoint, reqs, warm, {**self.as_dict(), "seed": seed})
+        return Workload(self.endpoint, reqs, warm, {**self.as_dict(), "seed": seed,
+                                                    "tokenizer": tc.name if tc else None})
 
     def cli_args(self) -> list[str]:
         args = ["--endpoint", self.endpoint, "--prompts", str(self.path)]

@@ -8,10 +8,12 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping
 
-__all__ = ["ModelConfig", "load_config", "config_names", "CONFIG_DIR", "dtype_bytes", "normalize_dtype"]
+from .. import models, settings
+
+__all__ = ["ModelConfig", "load_config", "config_names", "hub_ids", "CONFIG_DIR", "dtype_bytes", "normalize_dtype"]
 
 #: The real configs shipped with the labs (``data/configs/<short-name>.json``).
-CONFIG_DIR = Path(__file__).resolve().parents[2] / "data" / "configs"
+CONFIG_DIR = settings.data_dir() / "configs"
 
 FULL = "full"
 SLIDING = "sliding"
@@ -171,14 +173,23 @@ def config_names() -> list[str]:
 
     Introduced in lab 03 (Sizing the KV Cache).
     """
-    return sorted(p.stem for p in CONFIG_DIR.glob("*.json"))
+    return sorted(p.stem for p in CONFIG_DIR.glob("*.json") if p.stem != "hub_ids")
+
+
+def hub_ids() -> dict[str, str]:
+    """Hugging Face ids with a shipped config: ``{"Qwen/Qwen2.5-1.5B-Instruct": "qwen2.5-1.5b-instruct", ...}``.
+
+    Introduced in lab 03 (Sizing the KV Cache).
+    """
+    raw = json.loads((CONFIG_DIR / "hub_ids.json").read_text())
+    return {k: v for k, v in raw.items() if not k.startswith("_")}
 
 
 def _resolve_path(src: str | os.PathLike) -> Path:
+    """A config file for ``src``: a file, a checkpoint folder, a shipped name, or a Hugging Face id (the hub cache
+    first, then the shipped copy, then ``config.json`` alone fetched from the Hub)."""
     text = str(src)
     if text == "default":
-        from .. import models
-
         return models.default_model(quiet=True) / "config.json"
     p = Path(text).expanduser()
     if p.is_dir():
@@ -191,9 +202,26 @@ def _resolve_path(src: str | os.PathLike) -> Path:
     for candidate in (CONFIG_DIR / f"{text}.json", CONFIG_DIR / text):
         if candidate.is_file():
             return candidate
+    if "/" in text:
+        local = models.local_path(text)
+        if local is not None and (local / "config.json").is_file():
+            return local / "config.json"
+        shipped = hub_ids().get(text)
+        if shipped:
+            return CONFIG_DIR / f"{shipped}.json"
+        if not models.is_local_id(text):
+            try:
+                from huggingface_hub import hf_hub_download
+
+                return Path(hf_hub_download(text, "config.json"))
+            except Exception as e:  # noqa: BLE001 - offline, gated, or no such repository
+                raise FileNotFoundError(
+                    f"no config for {text!r}: it is not in the hub cache, not shipped (data/configs/hub_ids.json), and "
+                    f"fetching its config.json failed ({type(e).__name__}: {e}). Online, set HF_TOKEN for a gated "
+                    "model; offline, put its config.json in data/configs/ and map the id in hub_ids.json.") from e
     raise FileNotFoundError(
-        f"no config at {text!r}: give a config.json, a checkpoint folder, 'default' (the embedded model), "
-        f"or one of the shipped names: {', '.join(config_names())}"
+        f"no config at {text!r}: give a config.json, a checkpoint folder, a Hugging Face id, 'default' (the "
+        f"embedded model), or one of the shipped names: {', '.join(config_names())}"
     )
 
 
@@ -361,7 +389,8 @@ def load_config(src: "str | os.PathLike | Mapping[str, Any] | ModelConfig", name
     """Read a Hugging Face ``config.json`` into a :class:`ModelConfig`.
 
     ``src`` is a path to a config file, a checkpoint folder, a dict, a shipped name from
-    ``data/configs/`` (``"llama-3.1-8b"``), or ``"default"`` (the embedded SmolLM2 checkpoint).
+    ``data/configs/`` (``"llama-3.1-8b"``), a Hugging Face id (``"Qwen/Qwen2.5-1.5B-Instruct"``: from the hub
+    cache, else the shipped copy, else fetched), or ``"default"`` (the embedded SmolLM2 checkpoint).
     Handles Llama, Qwen2/2.5/3 (+MoE), Mistral, Mixtral, Gemma 2/3, DeepSeek-V2/V3 (MLA), gpt-oss
     and Phi-3 field names, and a nested ``text_config`` (the language model only; a vision tower is not
     counted).
@@ -378,6 +407,11 @@ def load_config(src: "str | os.PathLike | Mapping[str, Any] | ModelConfig", name
     except ValueError as e:
         raise ValueError(f"{path} is not valid JSON: {e}") from e
     if name is None:
-        stem = path.parent.name if path.name == "config.json" else path.stem
-        name = stem
+        text = str(src)
+        if "/" in text and not Path(text).expanduser().exists():
+            name = text.split("/")[-1].lower()  # a hub id
+        elif path.parent.parent.name == "snapshots":  # a hub-cache snapshot: models--org--name/snapshots/<rev>/
+            name = path.parent.parent.parent.name.split("--")[-1].lower()
+        else:
+            name = path.parent.name if path.name == "config.json" else path.stem
     return _from_dict(raw, name)

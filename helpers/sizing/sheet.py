@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
+from .. import artifacts
 from .config import ModelConfig, load_config, normalize_dtype
 from .hardware import Hardware
 from .kv import kv_bytes_for_context, kv_bytes_per_token, vllm_kv_capacity
@@ -181,14 +182,12 @@ class SizingSheet:
                          f"{r.source} | {r.measured_by} |")
         return "\n".join(lines) + "\n"
 
-    def write(self, directory: str | Path) -> tuple[Path, Path]:
-        """Write ``sizing_sheet.md`` and ``sizing_sheet.json`` into ``directory``; returns both paths."""
-        d = Path(directory)
-        d.mkdir(parents=True, exist_ok=True)
-        md, js = d / "sizing_sheet.md", d / "sizing_sheet.json"
-        md.write_text(self.to_markdown())
-        js.write_text(self.to_json() + "\n")
-        return md, js
+    def write(self, directory: str | Path, charts: Mapping[str, Any] | None = None,
+              provenance: Mapping[str, Any] | None = None, stem: str = "sizing_sheet") -> dict[str, Any]:
+        """Write the sheet as ``sizing_sheet.md``, ``.json`` and ``.html`` (with ``charts`` as PNGs and
+        ``provenance``) into ``directory``; returns the paths (see :func:`helpers.artifacts.write`)."""
+        return artifacts.write(directory, stem, title=f"Sizing Sheet: {self.model}", markdown=self.to_markdown(),
+                               data=self.as_dict(), charts=charts, provenance=provenance)
 
 
 def predict_sheet(

@@ -1,9 +1,9 @@
-"""Load profiles: when each request is sent.
+"""Arrivals: when each request is sent.
 
 Closed loop (``Synchronous``, ``Concurrent``): a fixed number of requests in flight; a new one is sent
 as soon as one finishes, so the server's speed sets the arrival rate. Open loop (``ConstantRate``,
 ``Poisson``): requests are sent at scheduled times whatever the server does, as real users arrive.
-An open-loop profile has no hidden semaphore; its optional ``max_in_flight`` cap is explicit, and the
+Open-loop arrivals have no hidden semaphore; its optional ``max_in_flight`` cap is explicit, and the
 time a request waits for it is recorded as client queue time.
 """
 
@@ -14,11 +14,11 @@ from typing import ClassVar
 
 import numpy as np
 
-__all__ = ["LoadProfile", "Synchronous", "Concurrent", "ConstantRate", "Poisson", "make_profile"]
+__all__ = ["Arrivals", "Synchronous", "Concurrent", "ConstantRate", "Poisson", "make_arrivals"]
 
 
-class LoadProfile:
-    """Base class of the load profiles: closed loop unless ``open_loop``.
+class Arrivals:
+    """Base class of the arrival processes: closed loop unless ``open_loop``.
 
     Subclasses are frozen dataclasses whose fields are ``concurrency`` (closed loop) or ``rate`` and
     ``max_in_flight`` (open loop).
@@ -27,18 +27,18 @@ class LoadProfile:
     """
 
     open_loop: ClassVar[bool] = False
-    name: ClassVar[str] = "profile"
+    name: ClassVar[str] = "arrivals"
 
     def offsets(self, n: int) -> list[float] | None:
         """Scheduled send times (seconds after the start) of ``n`` requests; ``None`` for closed loop."""
         return None
 
     def as_dict(self) -> dict:
-        return {"profile": self.name, **asdict(self)}  # type: ignore[call-overload]
+        return {"arrivals": self.name, **asdict(self)}  # type: ignore[call-overload]
 
     def cli_args(self) -> list[str]:
-        """The ``python -m helpers.bench run`` flags that select this profile."""
-        args = ["--profile", self.name]
+        """The ``python -m helpers.bench run`` flags that select these arrivals."""
+        args = ["--arrivals", self.name]
         if getattr(self, "rate", None) is not None:
             args += ["--rate", f"{self.rate:g}"]  # type: ignore[attr-defined]
         if isinstance(self, Concurrent):
@@ -54,7 +54,7 @@ class LoadProfile:
 
 
 @dataclass(frozen=True)
-class Synchronous(LoadProfile):
+class Synchronous(Arrivals):
     """One request at a time: the next is sent when the previous one ends (latency without contention).
 
     Introduced in lab 02 (Prefill and Decode).
@@ -68,7 +68,7 @@ class Synchronous(LoadProfile):
 
 
 @dataclass(frozen=True)
-class Concurrent(LoadProfile):
+class Concurrent(Arrivals):
     """Closed loop: ``concurrency`` requests always in flight.
 
     Introduced in lab 07 (Continuous Batching).
@@ -86,7 +86,7 @@ class Concurrent(LoadProfile):
 
 
 @dataclass(frozen=True)
-class ConstantRate(LoadProfile):
+class ConstantRate(Arrivals):
     """Open loop: one request every ``1 / rate`` seconds, whatever the server does.
 
     ``max_in_flight`` (optional) caps requests in flight; the wait for it is recorded as client queue time.
@@ -112,7 +112,7 @@ class ConstantRate(LoadProfile):
 
 
 @dataclass(frozen=True)
-class Poisson(LoadProfile):
+class Poisson(Arrivals):
     """Open loop with exponential gaps of mean ``1 / rate`` (a Poisson process), seeded.
 
     The first request goes at 0; the schedule depends only on ``rate``, ``seed`` and ``n``.
@@ -142,9 +142,9 @@ class Poisson(LoadProfile):
         return f"poisson {self.rate:g} req/s (seed {self.seed}){cap}"
 
 
-def make_profile(name: str, rate: float | None = None, concurrency: int | None = None, seed: int = 0,
-                 max_in_flight: int | None = None) -> LoadProfile:
-    """A profile from its CLI name: ``synchronous``, ``concurrent`` (needs ``concurrency``),
+def make_arrivals(name: str, rate: float | None = None, concurrency: int | None = None, seed: int = 0,
+                  max_in_flight: int | None = None) -> Arrivals:
+    """Arrivals from their CLI name: ``synchronous``, ``concurrent`` (needs ``concurrency``),
     ``constant`` or ``poisson`` (need ``rate``).
 
     Introduced in lab 10 (Load Testing Honestly).
@@ -154,12 +154,12 @@ def make_profile(name: str, rate: float | None = None, concurrency: int | None =
         return Synchronous()
     if name == "concurrent":
         if not concurrency:
-            raise ValueError("profile 'concurrent' needs a concurrency (--concurrency C)")
+            raise ValueError("arrivals 'concurrent' need a concurrency (--concurrency C)")
         return Concurrent(concurrency)
     if name in ("constant", "poisson"):
         if not rate:
-            raise ValueError(f"profile {name!r} needs a rate in requests/s (--rate R)")
+            raise ValueError(f"arrivals {name!r} need a rate in requests/s (--rate R)")
         if name == "constant":
             return ConstantRate(rate, max_in_flight=max_in_flight)
         return Poisson(rate, seed=seed, max_in_flight=max_in_flight)
-    raise ValueError(f"unknown profile {name!r}; choose synchronous, concurrent, constant or poisson")
+    raise ValueError(f"unknown arrivals {name!r}; choose synchronous, concurrent, constant or poisson")

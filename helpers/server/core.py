@@ -1,0 +1,377 @@
+"""A vLLM server that a notebook owns: start, wait until ready, read its startup log, stop it.
+
+Introduced in lab 01 (One GPU, One Model).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shlex
+import sys
+import time
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import httpx
+
+from .. import metrics as _metrics
+from .. import models as _models
+from .. import procs, settings
+from ..runtime import Profile, detect
+from .args import check_engine_args, engine_cli, normalize
+from .startup import StartupInfo, failure_hint, parse_startup_log
+
+__all__ = ["Server", "start", "stop_all", "stop_owned", "list_servers", "ServerError", "ServerStartError",
+           "ServerTimeout", "PortInUse", "TooManyServers", "KIND"]
+
+#: The registry's name for vLLM servers (``procs.records(KIND)``).
+KIND = "vllm"
+
+ServerError = procs.ProcessError
+ServerStartError = procs.ProcessStartError
+ServerTimeout = procs.ProcessTimeout
+PortInUse = procs.PortInUse
+TooManyServers = procs.TooManyProcesses
+
+_PROXY_WHY = (
+    "vLLM's API key guards only the /v1 routes: /metrics, /tokenize, /detokenize, /invocations, /health and the "
+    "dev routes stay open to anyone who can reach the port. Put an authenticating reverse proxy in front (one that "
+    "checks every path), bind vLLM to 127.0.0.1 behind it, and pass behind_auth_proxy=True to say you did.")
+
+
+def _key_digest(api_key: str | None) -> str:
+    return hashlib.sha256(api_key.encode()).hexdigest()[:16] if api_key else ""
+
+
+class Server:
+    """One vLLM OpenAI-compatible server process, owned by this Python process.
+
+    Use :func:`start` to make one. Attributes: ``base_url`` (``http://127.0.0.1:PORT/v1``, what the openai
+    client takes), ``url`` (without ``/v1``), ``pid``, ``port``, ``log_path``, ``model`` (the served name),
+    ``model_path`` (what vLLM loaded: a folder or a Hugging Face id), ``startup`` (a :class:`StartupInfo`).
+
+    The API key, if any, reaches vLLM through ``VLLM_API_KEY`` and never appears in the command line, the log,
+    the registry or :meth:`command`. A host other than loopback needs ``api_key`` *and* ``behind_auth_proxy=True``
+    (vLLM's key guards only ``/v1``).
+
+    With reuse on (``LABS_REUSE_SERVER=1``), :meth:`stop` parks a healthy server for the next :func:`start` with
+    the same arguments in the same ``LABS_SESSION``. When the machine is at its limit of servers
+    (``LABS_MAX_SERVERS``), ``make_room`` lets a start stop this session's oldest parked server first.
+
+    Introduced in lab 01 (One GPU, One Model).
+    """
+
+    def __init__(self, model: str | os.PathLike | None = "default", *, served_model_name: str | None = None,
+                 engine_args: Mapping[str, Any] | Sequence[str] | None = None, env: Mapping[str, str] | None = None,
+                 host: str = "127.0.0.1", port: int | None = None, api_key: str | None = None,
+                 behind_auth_proxy: bool = False, log_dir: str | os.PathLike | None = None,
+                 ready_timeout: float = 900.0, python: str | None = None, reuse: bool | None = None,
+                 progress: bool = True, make_room: bool = True):
+        if not procs.is_loopback(host):
+            if not api_key:
+                raise ValueError(f"host={host!r} exposes the server beyond this machine: pass api_key=... so that "
+                                 "/v1 needs it, or keep the default host='127.0.0.1'.")
+            if not behind_auth_proxy:
+                raise ValueError(f"host={host!r} with an API key is still not closed. {_PROXY_WHY}")
+        if isinstance(engine_args, Mapping):
+            engine_args = normalize(engine_args)
+            machine = detect()
+            check_engine_args(engine_args, machine.device, machine.gpus[0] if machine.gpus else None)
+        self.model_path = _models.resolve(model)
+        self.served_model_name = served_model_name or _models.served_name(model)
+        self.engine_args = dict(engine_args) if isinstance(engine_args, Mapping) else list(engine_args or [])
+        self.env = {k: str(v) for k, v in (env or {}).items()}
+        self.host, self.requested_port = host, port
+        self.api_key = api_key
+        self.ready_timeout = ready_timeout
+        self.python = python or sys.executable
+        self.reuse = settings.reuse_server() if reuse is None else reuse
+        self.progress = progress
+        self.make_room = make_room
+        self.log_dir = Path(log_dir) if log_dir else settings.log_dir()
+        self.port: int | None = None
+        self.proc: procs.Proc | None = None
+        self.reused = False
+        self.ready_s: float | None = None
+        self._startup: StartupInfo | None = None
+
+    # -- identity ------------------------------------------------------------------------------
+    def _args(self) -> list[str]:
+        return [*engine_cli(self.engine_args), "--served-model-name", self.served_model_name]
+
+    @property
+    def key(self) -> str:
+        """Identity of this configuration: same key, same server (for reuse). The API key enters as a digest."""
+        blob = json.dumps([os.path.dirname(os.path.abspath(self.python)), self.model_path, self._args(),
+                           sorted(self.env.items()), self.host, _key_digest(self.api_key)])
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    @property
+    def log_path(self) -> Path | None:
+        return self.proc.log_path if self.proc else None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def base_url(self) -> str:
+        return f"{self.url}/v1"
+
+    @property
+    def model(self) -> str:
+        return self.served_model_name
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.running
+
+    def __repr__(self) -> str:
+        state = "running" if self.running else "stopped"
+        return f"<vLLM server {self.served_model_name} pid={self.pid} {self.base_url if self.port else ''} {state}>"
+
+    # -- lifecycle -----------------------------------------------------------------------------
+    def start(self) -> "Server":
+        """Start (or, with reuse, adopt) the server and wait until it answers ``/v1/models``."""
+        if self.running:
+            return self
+        procs.reap()
+        if self.reuse and self._adopt():
+            return self
+        self._check_capacity()
+        self._launch()
+        bar = _progress(self.progress, f"starting vLLM ({self.served_model_name}) on port {self.port}")
+        try:
+            self.ready_s = self.proc.wait_ready(
+                self._healthy, self.ready_timeout, what="vLLM", hint=failure_hint,
+                status=lambda elapsed: bar(elapsed, self.proc.last_line() if self.proc else ""))
+        finally:
+            bar(None, None)
+        return self
+
+    def _adopt(self) -> bool:
+        for rec in procs.records(KIND, session=settings.session()):
+            if rec.parked and rec.key == self.key and rec.alive and self._healthy(rec.host, rec.port):
+                self.proc = procs.Proc.adopt(rec, secrets=[self.api_key], on_release=self._release)
+                self.port, self.reused, self.ready_s = rec.port, True, 0.0
+                print(f"Reusing the vLLM server already running with these arguments: {rec.describe()}",
+                      file=sys.stderr)
+                return True
+        return False
+
+    def _check_capacity(self) -> None:
+        limit = settings.max_processes(KIND)
+        running = [r for r in procs.records(KIND) if r.alive]
+        if len(running) >= limit and self.make_room:
+            for rec in [r for r in running if r.parked and r.session == settings.session()]:
+                procs.kill_tree(rec.pid, rec.create_time)
+                rec.remove()
+                running.remove(rec)
+                if len(running) < limit:
+                    break
+        if len(running) >= limit:
+            names = "\n  ".join(r.describe() for r in running)
+            raise TooManyServers(
+                f"{len(running)} vLLM servers are already running (this machine allows {limit}):\n  {names}\n"
+                "Stop one first: srv.stop() in its notebook, `python -m helpers.server stop PID`, "
+                "or `python -m helpers.server stop-all`.")
+
+    def _launch(self) -> None:
+        if self.requested_port is not None:
+            if procs.port_in_use(self.host, self.requested_port):
+                raise PortInUse(
+                    f"port {self.requested_port} on {self.host} is in use by {procs.port_owner(self.requested_port)}. "
+                    "Stop that process, or pass port=None to let the helper pick a free port.")
+            self.port = self.requested_port
+        else:
+            self.port = procs.free_port(self.host)
+        cmd = [self.python, "-m", "vllm.entrypoints.openai.api_server", "--model", self.model_path,
+               "--host", self.host, "--port", str(self.port), *self._args()]
+        env = dict(os.environ)
+        # Plain log lines (papermill kernels set FORCE_COLOR), no usage reporting, no buffering.
+        env.update({"VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "PYTHONUNBUFFERED": "1",
+                    "VLLM_LOGGING_COLOR": "0", "NO_COLOR": "1"})
+        env.pop("FORCE_COLOR", None)
+        env.pop("VLLM_API_KEY", None)
+        env.update(_models.offline_env(self.model_path))
+        env.update(self.env)
+        if self.api_key:
+            env["VLLM_API_KEY"] = self.api_key
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        self.proc = procs.Proc(
+            cmd, kind=KIND, name=self.served_model_name, env=env, host=self.host, port=self.port, key=self.key,
+            log_path=self.log_dir / f"vllm-{self.served_model_name}-{stamp}-{self.port}.log",
+            secrets=[self.api_key], die_with_owner=not self.reuse, on_release=self._release,
+            meta={"model": self.model_path}).start()
+
+    def _healthy(self, host: str | None = None, port: int | None = None) -> bool:
+        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        try:
+            r = httpx.get(f"http://{host or self.host}:{port or self.port}/v1/models", timeout=2.0, headers=headers)
+            return r.status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def stop(self) -> None:
+        """Stop the server and its whole process tree (with reuse on: park it for the next lab)."""
+        if self.proc is None:
+            return
+        if self.reuse and self.running and self._healthy():
+            self.proc.park()
+        else:
+            self.proc.stop()
+        self.proc = None
+
+    def terminate(self) -> None:
+        """Stop the server and its whole process tree, even with reuse on."""
+        if self.proc is not None:
+            self.proc.stop()
+            self.proc = None
+
+    def _release(self, _proc: procs.Proc) -> None:
+        self.stop()
+
+    def __enter__(self) -> "Server":
+        return self.start()
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is not None:
+            self.terminate()  # an error inside the block: never leave it running, not even parked
+        else:
+            self.stop()
+
+    # -- what it says --------------------------------------------------------------------------
+    def log_text(self) -> str:
+        """The server's whole log so far (ANSI colour codes removed, the API key redacted)."""
+        return self.proc.log_text() if self.proc else ""
+
+    def log_tail(self, n: int = 20) -> str:
+        return self.proc.log_tail(n) if self.proc else ""
+
+    @property
+    def startup(self) -> StartupInfo:
+        """The startup log, parsed; block size and block count exact from ``vllm:cache_config_info``."""
+        if self._startup is None:
+            info = parse_startup_log(self.log_text())
+            with contextlib.suppress(_metrics.MetricsUnavailable):
+                cfg = self.metrics().labels_of("vllm:cache_config_info")
+                if cfg.get("block_size", "None") != "None":
+                    info.block_size = int(cfg["block_size"])
+                if cfg.get("kv_cache_memory_bytes", "None") != "None":
+                    info.kv_cache_bytes = int(float(cfg["kv_cache_memory_bytes"]))
+                if cfg.get("num_gpu_blocks", "None") != "None":
+                    info.num_blocks = int(cfg["num_gpu_blocks"])
+            self._startup = info
+        return self._startup
+
+    def command(self, port: int | None = 8000) -> str:
+        """The shell command that starts this server again: its environment overrides, ``python -m
+        vllm.entrypoints.openai.api_server`` and every flag (``port`` replaces the one picked here), for reports.
+        An API key appears as ``VLLM_API_KEY=$VLLM_API_KEY``, never its value.
+
+        Introduced in lab 11 (Latency, Throughput, Goodput).
+        """
+        args = ["--model", self.model_path, "--host", self.host, "--port", str(port or self.port), *self._args()]
+        env = {**_models.offline_env(self.model_path), **self.env}
+        parts = [f"{k}={shlex.quote(v)}" for k, v in sorted(env.items())]
+        if self.api_key:
+            parts.append("VLLM_API_KEY=$VLLM_API_KEY")
+        return " ".join([*parts, "python -m vllm.entrypoints.openai.api_server", shlex.join(args)])
+
+    def metrics(self) -> _metrics.Snapshot:
+        """Scrape ``/metrics`` now."""
+        return _metrics.scrape(self.url, api_key=self.api_key)
+
+    def client(self, **kwargs: Any):
+        """An ``openai.OpenAI`` client for this server."""
+        import openai
+
+        return openai.OpenAI(base_url=self.base_url, api_key=self.api_key or "EMPTY", **kwargs)
+
+    def async_client(self, **kwargs: Any):
+        import openai
+
+        return openai.AsyncOpenAI(base_url=self.base_url, api_key=self.api_key or "EMPTY", **kwargs)
+
+
+_SERVER_KWARGS = {"served_model_name", "engine_args", "env", "host", "port", "api_key", "behind_auth_proxy",
+                  "log_dir", "ready_timeout", "python", "reuse", "progress", "make_room", "model"}
+
+
+def start(model: "str | os.PathLike | Profile | None" = "default", **kwargs: Any) -> Server:
+    """Start a vLLM server and wait until it is ready; returns a :class:`Server` (also a context manager).
+
+    ``server.start(PROFILE)`` serves a profile's model with its engine arguments and environment;
+    ``server.start(PROFILE, max_num_seqs=4, env={...})`` adds overrides (any keyword that is not one of
+    :class:`Server`'s is an engine argument). ``server.start("path/or/hf-id", engine_args={...})`` serves
+    anything else. ``port=None`` picks a free port on 127.0.0.1.
+
+    Introduced in lab 01 (One GPU, One Model).
+    """
+    if isinstance(model, Profile):
+        overrides = {k: v for k, v in kwargs.items() if k not in _SERVER_KWARGS}
+        own = {k: v for k, v in kwargs.items() if k in _SERVER_KWARGS}
+        prof = model.server_kwargs(env=own.pop("env", None), **overrides)
+        if "engine_args" in own:
+            prof["engine_args"].update(normalize(own.pop("engine_args")))
+        prof.update(own)
+        return Server(prof.pop("model"), **prof).start()
+    return Server(model, **kwargs).start()
+
+
+def list_servers() -> list[str]:
+    """Describe every vLLM server the labs started that is still running.
+
+    Introduced in lab 01 (One GPU, One Model).
+    """
+    return procs.describe_all(KIND)
+
+
+def stop_owned() -> int:
+    """Stop every server this Python process (this notebook's kernel) started. Returns how many.
+
+    Introduced in lab 04 (GQA, MLA, Sliding Windows).
+    """
+    return procs.stop_owned(KIND)
+
+
+def stop_all(verbose: bool = True, session: str | None = None) -> int:
+    """Stop every process the labs started — servers, routers, Prometheus — any kernel's, parked or not, or only
+    ``session``'s. Returns how many.
+
+    Introduced in lab 01 (One GPU, One Model).
+    """
+    return procs.stop_all(session=session, verbose=verbose)
+
+
+class _NoBar:
+    def __call__(self, elapsed, status):
+        pass
+
+
+def _progress(enabled: bool, desc: str):
+    """A progress line for the start-up wait: elapsed seconds and vLLM's latest log line."""
+    if not enabled:
+        return _NoBar()
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:  # pragma: no cover
+        return _NoBar()
+    bar = tqdm(desc=desc, bar_format="{desc}: {elapsed} {postfix}", leave=False)
+
+    def update(elapsed, status):
+        if elapsed is None:
+            bar.close()
+            return
+        bar.set_postfix_str(status or "", refresh=False)
+        bar.update(0)
+        bar.refresh()
+
+    return update
