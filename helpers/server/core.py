@@ -20,7 +20,7 @@ import httpx
 from .. import metrics as _metrics
 from .. import models as _models
 from .. import procs, settings
-from ..runtime import Profile, detect
+from ..runtime import Profile, detect, resolve_engine_args
 from .args import check_engine_args, engine_cli, normalize
 from .startup import StartupInfo, failure_hint, parse_startup_log
 
@@ -99,13 +99,17 @@ class Server:
         self._startup: StartupInfo | None = None
 
     # -- identity ------------------------------------------------------------------------------
-    def _args(self) -> list[str]:
-        return [*engine_cli(self.engine_args), "--served-model-name", self.served_model_name]
+    def _args(self, resolved: bool = True) -> list[str]:
+        """The flags; ``resolved=False`` keeps a CPU worker's memory as GiB (the identity), not today's share."""
+        args = self.engine_args
+        if resolved and isinstance(args, dict):
+            args = resolve_engine_args(args)
+        return [*engine_cli(args), "--served-model-name", self.served_model_name]
 
     @property
     def key(self) -> str:
         """Identity of this configuration: same key, same server (for reuse). The API key enters as a digest."""
-        blob = json.dumps([os.path.dirname(os.path.abspath(self.python)), self.model_path, self._args(),
+        blob = json.dumps([os.path.dirname(os.path.abspath(self.python)), self.model_path, self._args(resolved=False),
                            sorted(self.env.items()), self.host, _key_digest(self.api_key)])
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 

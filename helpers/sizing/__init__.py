@@ -13,9 +13,10 @@ name such as ``"llama-3.1-8b"`` from ``data/configs/``)::
 From a shell: ``python -m helpers.sizing llama-3.1-8b --context 131072 [--json]``.
 """
 
-from .calibrate import DecodeFit, PrefillFit, fit_decode, fit_prefill, prefill_flops
+from .calibrate import DecodeFit, LinearFit, PrefillFit, fit_decode, fit_line, fit_prefill, prefill_flops
 from .config import CONFIG_DIR, ModelConfig, config_names, dtype_bytes, load_config, normalize_dtype
-from .hardware import HARDWARE, PRICE_ASSUMPTION, Hardware, compute_flops, hardware, measure_cpu, measure_gpu
+from .hardware import (HARDWARE, PRICE_ASSUMPTION, Hardware, compute_flops, hardware, measure, measure_cpu,
+                       measure_gpu)
 from .kv import (
     KV_DTYPES,
     CacheTooSmall,
@@ -55,11 +56,11 @@ __all__ = [
     "resolved_weight_dtype",
     "KV_DTYPES", "KVGroup", "Capacity", "CacheTooSmall", "Concurrency", "kv_bytes_per_token", "kv_bytes_for_context",
     "vllm_kv_capacity", "kv_cache_tokens", "workload_concurrency",
-    "Hardware", "HARDWARE", "PRICE_ASSUMPTION", "hardware", "measure_cpu", "measure_gpu", "compute_flops",
+    "Hardware", "HARDWARE", "PRICE_ASSUMPTION", "hardware", "measure", "measure_cpu", "measure_gpu", "compute_flops",
     "StepTime", "CriticalBatch", "prefill_time", "decode_step_time", "arithmetic_intensity", "critical_batch",
     "expected_experts",
     "Prediction", "SizingSheet", "predict_sheet", "plan_sheet",
-    "PrefillFit", "DecodeFit", "fit_prefill", "fit_decode", "prefill_flops",
+    "PrefillFit", "DecodeFit", "LinearFit", "fit_prefill", "fit_decode", "fit_line", "prefill_flops",
     "summary",
 ]
 

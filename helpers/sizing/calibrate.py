@@ -26,7 +26,46 @@ from .config import ModelConfig, load_config
 from .hardware import Hardware, compute_flops
 from .roofline import _attention_flops, _decode_work, _matmul_params, _weight_dtype
 
-__all__ = ["PrefillFit", "DecodeFit", "fit_prefill", "fit_decode", "prefill_flops"]
+__all__ = ["PrefillFit", "DecodeFit", "LinearFit", "fit_prefill", "fit_decode", "fit_line", "prefill_flops"]
+
+
+@dataclass
+class LinearFit:
+    """``y = intercept + slope * x`` fitted by least squares, with R² and the points it was fitted on.
+
+    Lab 02 reads prefill as a fixed cost plus a cost per prompt token, and a decode step as a fixed cost (reading
+    the weights) plus a cost per sequence in the batch.
+
+    Introduced in lab 02 (Prefill and Decode).
+    """
+
+    intercept: float
+    slope: float
+    r2: float
+    points: list[tuple[float, float]] = field(default_factory=list)
+
+    def predict(self, x: float) -> float:
+        return self.intercept + self.slope * x
+
+    def residuals(self) -> list[float]:
+        """Relative error at each fitted point (prediction / measurement - 1)."""
+        return [self.predict(x) / y - 1 for x, y in self.points]
+
+
+def fit_line(points: Iterable[tuple[float, float]]) -> LinearFit:
+    """Least-squares line through ``(x, y)`` points (at least two distinct x).
+
+    Introduced in lab 02 (Prefill and Decode).
+    """
+    pts = [(float(x), float(y)) for x, y in points]
+    xs, ys = np.array([p[0] for p in pts]), np.array([p[1] for p in pts])
+    if len(set(xs)) < 2:
+        raise ValueError("a line needs points at two or more distinct x")
+    slope, intercept = np.polyfit(xs, ys, 1)
+    pred = intercept + slope * xs
+    ss_tot = float(((ys - ys.mean()) ** 2).sum())
+    r2 = 1.0 - float(((ys - pred) ** 2).sum()) / ss_tot if ss_tot > 0 else 1.0
+    return LinearFit(float(intercept), float(slope), r2, pts)
 
 
 def prefill_flops(cfg: "ModelConfig | Mapping[str, Any] | str", tokens: int, cached: int = 0) -> tuple[float, float]:

