@@ -2,6 +2,7 @@
 that check them (each shown to reject a broken object, naming the field)."""
 
 import copy
+import re
 import stat
 
 import pytest
@@ -167,6 +168,7 @@ def test_write_numbers_files_in_apply_order_and_protects_the_secret(tmp_path):
 @pytest.mark.parametrize("changes, needle", [
     (dict(gpus_per_replica=3), "do not divide a node's 8"),
     (dict(gpus_per_replica=3, gpus_per_node=6), "do not divide NousResearch/Meta-Llama-3.1-8B-Instruct's 32 attention"),
+    (dict(model="Qwen/Qwen2.5-1.5B-Instruct", gpus_per_replica=3, gpus_per_node=6), "Use one of [1, 2, 4, 6]"),
     (dict(gpus_per_replica=16), "do not fit on a node of 8"),
     (dict(min_replicas=3, max_replicas=2), "1 <= min <= max"),
     (dict(engine_args={"api_key": "x"}), "from a Secret"),
@@ -176,7 +178,7 @@ def test_write_numbers_files_in_apply_order_and_protects_the_secret(tmp_path):
     (dict(ttft_p99_ms=0), "positive number of milliseconds"),
 ])
 def test_bad_specs_are_refused_with_what_to_do(changes, needle):
-    with pytest.raises(ValueError, match=needle.replace("(", r"\(").replace(".", r"\.")):
+    with pytest.raises(ValueError, match=re.escape(needle)):
         SPEC.replace(**changes)
 
 

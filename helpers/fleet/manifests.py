@@ -166,10 +166,13 @@ def _check_heads_divide(model: str, tp: int) -> None:
     if short is None:
         return  # no shipped config for this model: vLLM itself will check at start-up
     cfg = load_config(short)
-    if cfg.heads % tp:
-        ok = [d for d in range(1, cfg.heads + 1) if cfg.heads % d == 0 and d <= 8]
-        raise ValueError(f"{tp} GPUs per replica do not divide {model}'s {cfg.heads} attention heads: tensor "
-                         f"parallelism gives each GPU an equal share of heads. Use one of {ok}.")
+    fits = lambda d: cfg.heads % d == 0 and (cfg.kv_heads % d == 0 if d <= cfg.kv_heads  # noqa: E731
+                                             else d % cfg.kv_heads == 0)
+    if not fits(tp):
+        ok = [d for d in range(1, 9) if fits(d)]
+        raise ValueError(f"{tp} GPUs per replica do not divide {model}'s {cfg.heads} attention heads and "
+                         f"{cfg.kv_heads} KV heads: tensor parallelism gives each GPU an equal share of heads (KV "
+                         f"heads are split, or replicated a whole number of times). Use one of {ok}.")
 
 
 # ------------------------------------------------------------------------------------ resources
@@ -230,7 +233,8 @@ def resources_for(profile: Profile) -> Resources:
 
 def spec_from_profile(profile: Profile | str, name: str, **overrides: Any) -> FleetSpec:
     """A :class:`FleetSpec` for a profile (a :class:`~helpers.runtime.Profile` or a name in ``PROFILES``): its
-    model, dtype, context length and engine arguments, and :func:`resources_for` its hardware.
+    model, dtype, context length and engine arguments, and :func:`resources_for` its hardware. ``overrides``
+    replace the derived fields (``engine_args=`` replaces the whole dict).
 
     Introduced in lab 22 (Routing and Autoscaling).
     """
