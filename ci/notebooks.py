@@ -5,7 +5,9 @@
 
 The skeleton (see README "How a lab is built"): a title with a one-line promise and an Open-in-Colab badge;
 "What you will learn"; one setup cell; a cell tagged `parameters`; a check cell tagged `check`; "Exercises";
-a last code cell that stops the server. No outputs committed; no sys.path tricks.
+a last code cell that stops the server. No outputs committed; no sys.path tricks; at least one widget over the lab's
+knob (`widgets.explore`); and one code path on every device: no branching on the profile's name or device outside the
+parameters cell (device-dependent sizes come from helpers.plan).
 """
 
 from __future__ import annotations
@@ -17,6 +19,10 @@ from pathlib import Path
 
 KERNELSPEC = {"display_name": "Python 3", "language": "python", "name": "python3"}
 NAME = re.compile(r"^(\d\d)_[a-z0-9_]+\.ipynb$")
+#: Lab code that decides by device or profile name (allowed only in the parameters cell).
+BRANCH = re.compile(r"PROFILE\.name\s*(==|!=|in\b)|\.device\s*(==|!=|in\b)|\bif\b[^\n]*\b(PROFILE\.(name|device)|"
+                    r"\.has_gpu|\.gpus)\b|\bsupports_(bf16|fp8|fp4)\b")
+WIDGET = re.compile(r"widgets\.explore\(|\binteract\(")
 COLAB = "https://colab.research.google.com/github/"
 
 
@@ -79,6 +85,15 @@ def check(path: Path) -> list[str]:
         if re.search(r"sys\.path\.(append|insert)|sys\.path\s*[+=]", _source(c)):
             problems.append("a cell patches sys.path: import the installed helpers package instead")
             break
+    for i, c in enumerate(code):
+        if "parameters" in c.get("metadata", {}).get("tags", []):
+            continue
+        m = BRANCH.search(_source(c))
+        if m:
+            problems.append(f"code cell {i} branches on the device or profile ({m.group(0)!r}): one code path on every "
+                            "device — take sizes from helpers.plan and what the device decides from the live server")
+    if not any(WIDGET.search(_source(c)) for c in code):
+        problems.append("no widget for the lab's knob: add widgets.explore(fn, knob=...) over this run's measurements")
     if nb.get("metadata", {}).get("kernelspec", {}).get("name") != "python3":
         problems.append("kernelspec must be python3: run `make strip`")
     return problems

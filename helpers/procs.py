@@ -468,6 +468,7 @@ class Proc:
         p = cls(rec.cmd, kind=rec.kind, name=rec.name, log_path=rec.log_path, host=rec.host, port=rec.port,
                 key=rec.key, die_with_owner=False, meta=rec.meta, **kwargs)
         rec.parked, rec.owner_pid, rec.owner_create_time = False, os.getpid(), _create_time(os.getpid())
+        rec.meta["uses"] = int(rec.meta.get("uses", 1)) + 1
         rec.save()
         p.record, p.pid, p.started_at, p.adopted = rec, rec.pid, rec.started_at, True
         _OWNED.add(p)
@@ -538,6 +539,7 @@ class Proc:
         if self.record is None:
             return
         self.record.parked, self.record.owner_pid, self.record.owner_create_time = True, None, None
+        self.record.meta["parked_at"] = time.time()
         self.record.save()
         self._forget()
 

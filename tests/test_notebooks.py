@@ -46,6 +46,25 @@ def test_checker_catches_outputs_missing_tags_and_sys_path(tmp_path):
         assert expected in problems
 
 
+def test_checker_refuses_device_branching_and_a_lab_without_a_widget(tmp_path):
+    nb = json.loads(LABS[1].read_text())
+    code = [c for c in nb["cells"] if c["cell_type"] == "code" and "parameters" not in c["metadata"].get("tags", [])]
+    code[2]["source"] = 'if PROFILE.device == "cpu":\n    BATCH = 8\n'
+    for c in code:
+        c["source"] = "".join(c["source"]).replace("widgets.explore(", "show(")
+    path = tmp_path / "02_bad.ipynb"
+    path.write_text(json.dumps(nb))
+    problems = "\n".join(notebooks.check(path))
+    assert "branches on the device or profile" in problems and "no widget" in problems
+    # the same decision inside the parameters cell is allowed (papermill overrides it)
+    nb2 = json.loads(LABS[1].read_text())
+    params = next(c for c in nb2["cells"] if "parameters" in c["metadata"].get("tags", []))
+    params["source"] = "".join(params["source"]) + '\nX = 1 if PROFILE_NAME == "cpu" else 2\n'
+    ok = tmp_path / LABS[1].name
+    ok.write_text(json.dumps(nb2))
+    assert notebooks.check(ok) == []
+
+
 def test_strip_removes_outputs_and_keeps_tags(tmp_path):
     nb = json.loads(LABS[0].read_text())
     code = next(c for c in nb["cells"] if "parameters" in c["metadata"].get("tags", []))

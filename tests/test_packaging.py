@@ -1,6 +1,7 @@
 """The package installs anywhere the README says: the wheel carries data/, and every package is listed."""
 
 import os
+import shutil
 import subprocess
 import sys
 import tomllib
@@ -22,9 +23,12 @@ def test_requires_python_matches_vllm():
 
 def test_a_wheel_installed_elsewhere_loads_every_shipped_config_from_another_directory(tmp_path):
     """A non-editable install (as on Colab) finds data/ inside the package: configs, prompts, eval sets."""
+    src = tmp_path / "src"  # build from a copy: setuptools writes build/ next to the sources
+    shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(".git", ".venv*", "runs", "reports", "build", "*.egg-info",
+                                                              ".npm-fleet", "__pycache__", ".pytest_cache"))
     wheels = tmp_path / "wheels"
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(wheels),
-                    str(ROOT)], check=True, capture_output=True, text=True)
+                    str(src)], check=True, capture_output=True, text=True)
     wheel = next(wheels.glob("llm_serving_labs-*.whl"))
     site = tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(site), str(wheel)],

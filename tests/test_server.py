@@ -383,3 +383,25 @@ def test_real_vllm_key_by_environment_and_no_orphans_after_sigkill(tmp_path, mon
         srv.terminate()
     left = [p for p in tree if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
     assert not left, left
+
+
+def test_room_is_made_by_stopping_the_least_adopted_parked_server(fake, monkeypatch):
+    """A configuration many labs share (adopted often) outlives one-off servers started between them."""
+    monkeypatch.setenv("LABS_MAX_SERVERS", "2")
+    shared = fake(reuse=True, engine_args={"max_model_len": 2048})
+    shared.start()
+    shared_pid = shared.pid
+    shared.stop()
+    again = fake(reuse=True, engine_args={"max_model_len": 2048})
+    again.start()  # adopted: used twice now
+    assert again.reused
+    again.stop()
+    one_off = fake(reuse=True, engine_args={"max_model_len": 1024})
+    one_off.start()
+    one_off_pid = one_off.pid
+    one_off.stop()  # parked after the shared one, used once
+    third = fake(reuse=True, engine_args={"max_model_len": 512})
+    third.start()  # the machine is full: one parked server must go
+    assert psutil.pid_exists(shared_pid)
+    assert not psutil.pid_exists(one_off_pid) or psutil.Process(one_off_pid).status() == psutil.STATUS_ZOMBIE
+    third.terminate()

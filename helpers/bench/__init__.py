@@ -16,12 +16,14 @@ starts a server with known latencies to check any load generator against.
 Modules, leaves first (each imports only those above it): ``records`` (typed request records; every metric
 defined once) -> ``arrivals``, ``workloads``, ``client`` -> ``stats`` (distributions, windows, goodput; no
 files) -> ``store`` (a run's folder; :class:`RunResult`; :func:`load_run`) -> ``charts`` -> ``runner``
-(:func:`run`) -> ``search`` (:func:`sweep`, :func:`find_max_rate`) -> ``report`` (the Phase 2 artifact).
+(:func:`run`) -> ``batching`` (static batches, for comparison), ``search`` (:func:`sweep`, :func:`find_max_rate`)
+-> ``report`` (the Phase 2 artifact).
 ``calibration`` stands apart (a server, started as a subprocess).
 """
 
 from . import charts
 from .arrivals import Arrivals, Concurrent, ConstantRate, Poisson, Synchronous, make_arrivals
+from .batching import interpolate, static_batches
 from .calibration import CalibrationConfig, CalibrationServer
 from .client import ClientConfig, StreamParser, build_payload
 from .records import Request, RequestResult, Timings, itl_values
@@ -46,6 +48,8 @@ __all__ = [
     "ClientConfig", "StreamParser", "build_payload",
     # running and saved runs
     "run", "Target", "target_of", "reconcile", "RunResult", "RunFolder", "load_run", "records_of",
+    # static batching, for comparison; reading a measured curve
+    "static_batches", "interpolate",
     # searches
     "sweep", "SweepResult", "find_max_rate", "MaxRateResult", "Probe",
     # statistics

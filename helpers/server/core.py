@@ -59,7 +59,9 @@ class Server:
 
     With reuse on (``LABS_REUSE_SERVER=1``), :meth:`stop` parks a healthy server for the next :func:`start` with
     the same arguments in the same ``LABS_SESSION``. When the machine is at its limit of servers
-    (``LABS_MAX_SERVERS``), ``make_room`` lets a start stop this session's oldest parked server first.
+    (``LABS_MAX_SERVERS``), ``make_room`` lets a start stop one of this session's parked servers first: the one
+    adopted least often, the most recently parked among equals (so a configuration many labs share outlives the
+    one-off servers started between them).
 
     Introduced in lab 01 (One GPU, One Model).
     """
@@ -174,7 +176,9 @@ class Server:
         limit = settings.max_processes(KIND)
         running = [r for r in procs.records(KIND) if r.alive]
         if len(running) >= limit and self.make_room:
-            for rec in [r for r in running if r.parked and r.session == settings.session()]:
+            parked = [r for r in running if r.parked and r.session == settings.session()]
+            parked.sort(key=lambda r: (int(r.meta.get("uses", 1)), -float(r.meta.get("parked_at", 0.0))))
+            for rec in parked:
                 procs.kill_tree(rec.pid, rec.create_time)
                 rec.remove()
                 running.remove(rec)
@@ -309,12 +313,13 @@ _SERVER_KWARGS = {"served_model_name", "engine_args", "env", "host", "port", "ap
                   "log_dir", "ready_timeout", "python", "reuse", "progress", "make_room", "model"}
 
 
-def start(model: "str | os.PathLike | Profile | None" = "default", **kwargs: Any) -> Server:
+def start(model: "str | os.PathLike | Profile | None" = "default", /, **kwargs: Any) -> Server:
     """Start a vLLM server and wait until it is ready; returns a :class:`Server` (also a context manager).
 
     ``server.start(PROFILE)`` serves a profile's model with its engine arguments and environment;
     ``server.start(PROFILE, max_num_seqs=4, env={...})`` adds overrides (any keyword that is not one of
-    :class:`Server`'s is an engine argument). ``server.start("path/or/hf-id", engine_args={...})`` serves
+    :class:`Server`'s is an engine argument); ``server.start(PROFILE, model=path, served_model_name=...)`` serves
+    another checkpoint with the profile's settings. ``server.start("path/or/hf-id", engine_args={...})`` serves
     anything else. ``port=None`` picks a free port on 127.0.0.1.
 
     Introduced in lab 01 (One GPU, One Model).

@@ -36,6 +36,7 @@ class StartupInfo:
     max_model_len: int | None = None
     block_size: int | None = None
     weights_gib: float | None = None          # GPU: "Model loading took X GiB memory"; CPU: checkpoint size
+    weights_kind: str | None = None           # "memory" (weights as loaded) or "checkpoint" (the files' size)
     weights_load_s: float | None = None       # "Loading weights took X seconds"
     model_load_s: float | None = None         # GPU: "... and X seconds" (load + placement)
     kv_cache_gib: float | None = None         # the KV pool, as logged (two decimals)
@@ -64,6 +65,12 @@ class StartupInfo:
                 seen.add(line)
                 out.append(line)
         return out
+
+    @property
+    def cache_label(self) -> str:
+        """The word vLLM puts before "KV cache size" on this device ("CPU", "GPU"), for printing a predicted line."""
+        m = re.search(r"(\w+)[\w +]* KV cache size", self.lines.get("kv_cache_tokens", ""))
+        return m.group(1) if m else "GPU"
 
     def kv_gib_interval(self) -> tuple[float, float] | None:
         """The pool sizes (bytes) consistent with the logged GiB, which vLLM rounds to two decimals."""
@@ -140,6 +147,8 @@ def parse_startup_log(text: str) -> StartupInfo:
                 info.lines.setdefault(key, line.strip())
     if info.engine_init_s is not None and info.compile_s is None:
         info.compile_s = 0.0
+    if "weights_gib" in info.lines:
+        info.weights_kind = "checkpoint" if "Checkpoint size" in info.lines["weights_gib"] else "memory"
     if info.device is None and "kv_cache_tokens" in info.lines:
         info.device = "cpu" if "CPU KV cache" in info.lines["kv_cache_tokens"] else "cuda"
         info.lines["device"] = info.lines["kv_cache_tokens"]

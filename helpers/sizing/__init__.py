@@ -18,6 +18,7 @@ from .config import CONFIG_DIR, ModelConfig, config_names, dtype_bytes, load_con
 from .hardware import (HARDWARE, PRICE_ASSUMPTION, Hardware, compute_flops, hardware, measure, measure_cpu,
                        measure_gpu)
 from .kv import (
+    prefix_hit_rate,
     KV_DTYPES,
     CacheTooSmall,
     Capacity,
@@ -55,7 +56,7 @@ __all__ = [
     "Tensor", "Params", "WeightBytes", "WEIGHT_DTYPES", "tensors", "param_count", "weight_bytes",
     "resolved_weight_dtype",
     "KV_DTYPES", "KVGroup", "Capacity", "CacheTooSmall", "Concurrency", "kv_bytes_per_token", "kv_bytes_for_context",
-    "vllm_kv_capacity", "kv_cache_tokens", "workload_concurrency",
+    "vllm_kv_capacity", "kv_cache_tokens", "workload_concurrency", "prefix_hit_rate",
     "Hardware", "HARDWARE", "PRICE_ASSUMPTION", "hardware", "measure", "measure_cpu", "measure_gpu", "compute_flops",
     "StepTime", "CriticalBatch", "prefill_time", "decode_step_time", "arithmetic_intensity", "critical_batch",
     "expected_experts",

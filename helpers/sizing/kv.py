@@ -30,6 +30,7 @@ from .config import FULL, SLIDING, ModelConfig, dtype_bytes, load_config, normal
 
 __all__ = [
     "KV_DTYPES",
+    "prefix_hit_rate",
     "kv_bytes_per_token",
     "kv_bytes_for_context",
     "KVGroup",
@@ -335,3 +336,21 @@ def workload_concurrency(
     return Concurrency(requests=cap.num_blocks // per_request, ratio=cap.num_blocks / per_request,
                        tokens_per_request=length, blocks_per_request=per_request,
                        num_blocks=cap.num_blocks, groups=groups)
+
+
+def prefix_hit_rate(shared_tokens: int, prompt_tokens: int, block_size: int, requests: int) -> float:
+    """The prefix-cache hit rate vLLM reports (hit tokens / queried tokens) for ``requests`` prompts of
+    ``prompt_tokens`` tokens sent one after another, all starting with the same ``shared_tokens``.
+
+    vLLM hashes each *full* block with the hash of the block before it, so a prompt reuses the cached blocks up to its
+    first difference, in whole blocks: ``floor(shared / block) x block`` tokens — minus one block when that would be
+    the whole prompt (the last token is always computed). The first request finds nothing.
+
+    Introduced in lab 09 (Prefix Caching, Measured).
+    """
+    if requests < 1 or prompt_tokens < 1 or block_size < 1:
+        raise ValueError("requests, prompt_tokens and block_size must be positive")
+    hit = (min(shared_tokens, prompt_tokens) // block_size) * block_size
+    if hit >= prompt_tokens:  # a fully cached prompt still recomputes its last block
+        hit = ((prompt_tokens - 1) // block_size) * block_size
+    return (requests - 1) / requests * hit / prompt_tokens

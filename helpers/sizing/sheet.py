@@ -209,6 +209,7 @@ def predict_sheet(
     model_name: str | None = None,
     prefill_fit: Any = None,
     decode_fit: Any = None,
+    checkpoint_dtype: str | None = None,
 ) -> SizingSheet:
     """Fill a :class:`SizingSheet` with predictions; the lab fills in what vLLM measured.
 
@@ -217,7 +218,8 @@ def predict_sheet(
     ``block_size`` are given ``num_blocks``, ``kv_cache_tokens`` and ``max_concurrency`` (vLLM's
     accounting with ``max_model_len``, default ``context``); ``ttft_s`` (prefill of ``prompt_tokens``,
     default ``context``, at batch 1), ``decode_step_s`` and ``decode_tokens_per_s`` (``batch``
-    sequences at ``context``). Times are roofline ideals at ``efficiency`` of the peak, unless a
+    sequences at ``context``); with ``checkpoint_dtype`` (the weights' dtype on disk, when the server runs another)
+    also ``checkpoint_bytes``. Times are roofline ideals at ``efficiency`` of the peak, unless a
     :class:`~helpers.sizing.calibrate.PrefillFit` / :class:`~helpers.sizing.calibrate.DecodeFit` is given:
     then they are the fit's predictions (rates achieved on short, cheap runs, carried to ``context``),
     with the roofline ideal named in the row's source.
@@ -233,7 +235,10 @@ def predict_sheet(
     p = param_count(cfg)
     sheet.add("params_total", p.total, "params", "param_count")
     sheet.add("params_active", p.active, "params", "param_count (top-k experts)")
-    sheet.add("weight_bytes", wb.total, "bytes", f"weight_bytes({sheet.weight_dtype})")
+    sheet.add("weight_bytes", wb.total, "bytes", f"weight_bytes({sheet.weight_dtype}), as served")
+    if checkpoint_dtype is not None:
+        ck = weight_bytes(cfg.replace(dtype=normalize_dtype(checkpoint_dtype)), "auto", strict=False)
+        sheet.add("checkpoint_bytes", ck.total, "bytes", f"weight_bytes({normalize_dtype(checkpoint_dtype)}), on disk")
     sheet.add("kv_bytes_per_token", kv_bytes_per_token(cfg, kd, tp=tp), "bytes", "kv_bytes_per_token (full layers)")
     sheet.add("kv_bytes_per_request", kv_bytes_for_context(cfg, context, kd, tp=tp), "bytes",
               f"kv_bytes_for_context({context})")
