@@ -39,7 +39,10 @@ GPU_OVERHEAD_GIB = 2.0
 
 
 class PlanError(ValueError):
-    """A plan that does not fit its profile (the message lists each failed check)."""
+    """A plan that does not fit its profile (the message lists each failed check).
+
+    Introduced in lab 01 (One GPU, One Model).
+    """
 
 
 @dataclass
