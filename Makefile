@@ -76,7 +76,7 @@ test-unit: setup
 
 test-labs: setup check-notebooks
 	session=make-test-$$$$; export LABS_SESSION=$$session LABS_QUICK=1 LABS_HEADLESS=1 LABS_REUSE_SERVER=1; \
-	$(PY) ci/run_sequence.py --profile cpu --quick --labs 01 --out runs/ci-sequence \
+	$(PY) ci/run_sequence.py --profile cpu --quick --labs 01 --out runs/ci-sequence --keep-servers \
 	  && $(PY) -m pytest -q -p no:cacheprovider --nbval-lax --nbval-sanitize-with ci/nbval_sanitize.cfg \
 	      --durations=30 --ignore=labs/01_one_gpu_one_model.ipynb labs/; \
 	  rc=$$?; $(PY) -m helpers.server stop-all --session $$session; exit $$rc

@@ -4,10 +4,12 @@
     python ci/run_sequence.py --profile cpu --quick --labs 01-05
     python ci/run_sequence.py --profile h200 -p NUM_REQUESTS 400
 
-Each executed notebook, the phase reports (LABS_REPORTS points into the run folder) and a
-``summary.json`` / ``summary.md`` (lab, status, minutes, error) land in ``runs/<timestamp>-<profile>/``.
-A failing lab is recorded and the sequence goes on; the exit code is non-zero if any lab failed.
-Servers left by a failed lab are stopped before the next one starts.
+Each executed notebook (charts embedded as images, so it reads offline), the phase reports (LABS_REPORTS points into
+the run folder) and a ``summary.json`` / ``summary.md`` (lab, status, minutes, error) land in
+``runs/<timestamp>-<profile>/``. A failing lab is recorded and the sequence goes on; the exit code is non-zero if any
+lab failed. Servers left by a failed lab are stopped before the next one starts; with ``LABS_REUSE_SERVER=1`` a lab
+that passed parks its server for the next (``make test`` runs lab 01 this way, then the rest under nbval), and the
+sequence stops its session's servers at the end unless ``--keep-servers``.
 """
 
 from __future__ import annotations
@@ -49,6 +51,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("-p", "--parameter", nargs=2, action="append", default=[], metavar=("NAME", "VALUE"),
                     help="override a parameters-cell variable in every lab (JSON values)")
     ap.add_argument("--timeout", type=int, default=3600, help="seconds per cell")
+    ap.add_argument("--keep-servers", action="store_true",
+                    help="leave this session's parked servers running at the end (make test hands them to nbval)")
     args = ap.parse_args(argv)
 
     import papermill as pm
@@ -60,7 +64,8 @@ def main(argv: list[str] | None = None) -> int:
     (out / "reports").mkdir(parents=True, exist_ok=True)
     os.environ["LABS_REPORTS"] = str(out / "reports")
     os.environ["LABS_HOME"] = str(ROOT)
-    os.environ["LABS_SESSION"] = session = f"run-sequence-{os.getpid()}"
+    os.environ["LABS_HEADLESS"] = "1"  # widgets show their default view as a static chart
+    session = os.environ.setdefault("LABS_SESSION", f"run-sequence-{os.getpid()}")
     if args.profile:
         os.environ["LABS_PROFILE"] = args.profile
     if args.quick:
@@ -78,12 +83,14 @@ def main(argv: list[str] | None = None) -> int:
                                 kernel_name="python3", execution_timeout=args.timeout, progress_bar=False)
         except Exception as e:  # papermill raises PapermillExecutionError with the cell's traceback
             status, error = "failed", f"{type(e).__name__}: {str(e).strip().splitlines()[-1][:300]}"
-        finally:
+        if status != "ok" or os.environ.get("LABS_REUSE_SERVER", "") not in ("1", "true", "yes"):
             server.stop_all(verbose=True, session=session)  # a failed lab must not leave its server behind
         rows.append({"lab": nb.name, "status": status, "minutes": round((time.time() - t0) / 60, 1),
                      "error": error})
         print(f"   {status} in {rows[-1]['minutes']} min {error}", flush=True)
 
+    if not args.keep_servers:
+        server.stop_all(verbose=True, session=session)
     (out / "summary.json").write_text(json.dumps({"profile": profile, "labs": rows}, indent=2))
     lines = [f"# Lab run: profile {profile}", "", "| lab | status | minutes | error |", "|---|---|---|---|"]
     lines += [f"| {r['lab']} | {r['status']} | {r['minutes']} | {r['error']} |" for r in rows]
