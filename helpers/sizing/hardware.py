@@ -16,9 +16,8 @@ __all__ = ["Hardware", "HARDWARE", "PRICE_ASSUMPTION", "hardware", "measure", "m
 TB = 1e12  # datasheets count decimal terabytes and teraFLOPs
 
 PRICE_ASSUMPTION = (
-    "Default hourly prices are editable assumptions, not quotes: typical on-demand USD per GPU-hour at "
-    "specialist GPU clouds, late 2026 (hyperscalers list more, spot and committed-use less). "
-    "Override with HARDWARE['h100'].with_price(...) or Hardware(..., price_per_hour=...)."
+    "Hourly prices live in helpers.cost.PRICES (editable, dated assumptions, not quotes); a Hardware entry carries a "
+    "price only when you give it one (Hardware(..., price_per_hour=...) or .with_price(...))."
 )
 
 
@@ -77,32 +76,32 @@ class Hardware:
 HARDWARE: dict[str, Hardware] = {
     # NVIDIA H100 Tensor Core GPU datasheet, SXM5: 80GB HBM3, 3.35 TB/s; BF16 1,979 TFLOPS* and
     # FP8 3,958 TFLOPS* "with sparsity".
-    "h100": Hardware("NVIDIA H100 SXM 80GB", 80, 3.35 * TB, 989.5 * TB, 989.5 * TB, 1979 * TB, None, 2.50,
+    "h100": Hardware("NVIDIA H100 SXM 80GB", 80, 3.35 * TB, 989.5 * TB, 989.5 * TB, 1979 * TB, None, None,
                      "NVIDIA H100 datasheet (SXM5)"),
     # NVIDIA H200 Tensor Core GPU datasheet, SXM: 141GB HBM3e, 4.8 TB/s; same compute as H100 SXM.
-    "h200": Hardware("NVIDIA H200 SXM 141GB", 141, 4.8 * TB, 989.5 * TB, 989.5 * TB, 1979 * TB, None, 3.50,
+    "h200": Hardware("NVIDIA H200 SXM 141GB", 141, 4.8 * TB, 989.5 * TB, 989.5 * TB, 1979 * TB, None, None,
                      "NVIDIA H200 datasheet (SXM)"),
     # NVIDIA DGX/HGX B200 datasheets: 8 GPUs, 1,440GB HBM3e, 64 TB/s; FP8 72 PFLOPS and FP4 144 PFLOPS
     # with sparsity -> per GPU 180GB, 8 TB/s, FP8 4.5 PF, FP4 9 PF, BF16 2.25 PF dense.
-    "b200": Hardware("NVIDIA B200 180GB", 180, 8.0 * TB, 2250 * TB, 2250 * TB, 4500 * TB, 9000 * TB, 5.50,
+    "b200": Hardware("NVIDIA B200 180GB", 180, 8.0 * TB, 2250 * TB, 2250 * TB, 4500 * TB, 9000 * TB, None,
                      "NVIDIA DGX B200 / HGX B200 datasheets (per GPU = 1/8)"),
     # NVIDIA A100 Tensor Core GPU datasheet, 80GB SXM: HBM2e 2,039 GB/s; BF16 312 TFLOPS (624* sparse).
-    "a100": Hardware("NVIDIA A100 SXM 80GB", 80, 2.039 * TB, 312 * TB, 312 * TB, None, None, 1.50,
+    "a100": Hardware("NVIDIA A100 SXM 80GB", 80, 2.039 * TB, 312 * TB, 312 * TB, None, None, None,
                      "NVIDIA A100 datasheet (80GB SXM)"),
     # NVIDIA L4 datasheet: 24GB GDDR6, 300 GB/s; BF16 242 TFLOPS*, FP8 485 TFLOPS* with sparsity.
-    "l4": Hardware("NVIDIA L4 24GB", 24, 0.300 * TB, 121 * TB, 121 * TB, 242.5 * TB, None, 0.70,
+    "l4": Hardware("NVIDIA L4 24GB", 24, 0.300 * TB, 121 * TB, 121 * TB, 242.5 * TB, None, None,
                    "NVIDIA L4 datasheet"),
     # NVIDIA T4 datasheet: 16GB GDDR6, 320 GB/s; mixed-precision FP16 65 TFLOPS (no bf16, no sparsity).
-    "t4": Hardware("NVIDIA T4 16GB", 16, 0.320 * TB, None, 65 * TB, None, None, 0.35,
+    "t4": Hardware("NVIDIA T4 16GB", 16, 0.320 * TB, None, 65 * TB, None, None, None,
                    "NVIDIA T4 datasheet"),
     # AWS's A10G (G5 instances): 24GB GDDR6, 600 GB/s like the A10, but fewer tensor FLOPs than the A10's
     # 125 TFLOPS; ~70 TFLOPS FP16/BF16 dense as Baseten's A10 vs A10G comparison lists it (AWS publishes none).
-    "a10g": Hardware("NVIDIA A10G 24GB", 24, 0.600 * TB, 70 * TB, 70 * TB, None, None, 1.00,
+    "a10g": Hardware("NVIDIA A10G 24GB", 24, 0.600 * TB, 70 * TB, 70 * TB, None, None, None,
                      "AWS G5 / Baseten 'A10 vs A10G' (tensor figure not on a datasheet)"),
     # Not a datasheet: what measure_cpu() found on the 2-core CI machines (AMD EPYC, AVX2 only; 2026-12-01:
     # 16.8 GB/s copy bandwidth, 90 GFLOP/s fp32 matmul). helpers.plan sizes the CPU profile's runs with it;
     # every lab that needs this machine's figures measures them.
-    "cpu": Hardware("2-core x86-64 CPU (nominal)", 24, 16.8e9, None, None, None, None, 0.10,
+    "cpu": Hardware("2-core x86-64 CPU (nominal)", 24, 16.8e9, None, None, None, None, None,
                     "measured with measure_cpu() on a 2-core AMD EPYC CI machine", fp32_flops=90e9),
 }
 
@@ -198,7 +197,7 @@ def measure_gpu(device: int = 0, seconds: float = 2.0, buffer_mib: int = 1024, m
     """Measure a CUDA GPU's memory bandwidth and 16-bit matmul FLOP/s; its name and memory come from torch.
 
     Bytes moved per copy = 2 x the buffer (read + write). fp8/fp4 rates are not probed: they come from
-    the catalog entry matching the GPU's name (``None`` if unknown), and so does the hourly price.
+    the catalog entry matching the GPU's name (``None`` if unknown); prices are in helpers.cost.
 
     Introduced in lab 05 (Where the Time Goes).
     """
@@ -229,9 +228,8 @@ def measure_gpu(device: int = 0, seconds: float = 2.0, buffer_mib: int = 1024, m
         name=props.name, memory_gib=round(props.total_memory / 2**30, 1), memory_bandwidth=2 * nbytes / copy_s,
         bf16_flops=flops if dt == torch.bfloat16 else None, fp16_flops=flops,
         fp8_flops=ref.fp8_flops if ref else None, fp4_flops=ref.fp4_flops if ref else None,
-        price_per_hour=ref.price_per_hour if ref else None,
         source=f"measure_gpu: {buffer_mib} MiB copy, {matmul_n}^3 {str(dt).split('.')[-1]} matmul"
-               + (f"; fp8/fp4/price from {ref.source}" if ref else ""),
+               + (f"; fp8/fp4 from {ref.source}" if ref else ""),
         measured=True,
     )
 
