@@ -9,7 +9,6 @@ Three kinds of evidence, kept apart:
 
 from __future__ import annotations
 
-import inspect
 import dataclasses
 import json
 import math
