@@ -1,0 +1,473 @@
+"""Is the cheaper model still the same model? Accuracy, token-level drift and long context against a baseline.
+
+Three measurements of a served model, each with a 95% confidence interval, and a gate over them::
+
+    base = evals.quality(srv_bf16, name="bf16")
+    cand = evals.quality(srv_int8, name="int8", baseline=base)        # drift is measured against base
+    evals.gate(base, cand)                                             # safe or not, with its reasons
+
+- **Task accuracy** — lm-eval's ``local-completions`` against the server, on multiple-choice tasks this project wrote
+  into ``data/evals/`` (scored by log-likelihood; chance is 25%). Per question, so a paired bootstrap can say whether
+  two configurations really differ.
+- **Token-level drift** — the next-token distribution at every position of ``data/evals/drift_texts.jsonl``, read from
+  vLLM's ``prompt_logprobs`` on both servers: top-1 agreement and KL(baseline || candidate). KL is computed over the
+  baseline's top-k tokens plus one bucket for the rest — coarse-graining can only lower KL, so it is a lower bound.
+  Thousands of positions make it far more sensitive than a task average.
+- **Long context** — four passwords planted at different depths of a haystack (the drift texts, shuffled), then a
+  question about each; the answer is the password whose first token the model ranks highest among the four. Reported
+  per length, so an average over lengths cannot hide damage at the long end.
+
+Introduced in lab 15 (Proving Quantization Safe).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+import httpx
+import numpy as np
+
+from . import models, procs, settings
+from .bench.workloads import token_counter
+
+__all__ = ["TASKS", "TaskScore", "Accuracy", "accuracy", "Drift", "prompt_logprobs", "drift", "LengthScore",
+           "LongContext", "long_context", "Quality", "quality", "Gate", "gate", "bootstrap_mean_ci", "paired_diff_ci"]
+
+#: The multiple-choice tasks shipped in data/evals/ (one JSONL each).
+TASKS = ("arithmetic", "capitals", "categories", "facts", "opposites", "plurals", "sequences")
+_N_BOOT = 2000
+
+
+# ------------------------------------------------------------------------------------ statistics
+def bootstrap_mean_ci(values: Sequence[float], seed: int = 0, n_boot: int = _N_BOOT) -> tuple[float, float] | None:
+    """95% bootstrap interval of the mean of ``values`` (``None`` with fewer than two).
+
+    Introduced in lab 15 (Proving Quantization Safe).
+    """
+    x = np.asarray(values, dtype=float)
+    if x.size < 2:
+        return None
+    rng = np.random.default_rng(seed)
+    means = x[rng.integers(0, x.size, size=(n_boot, x.size))].mean(axis=1)
+    lo, hi = np.percentile(means, [2.5, 97.5])
+    return float(lo), float(hi)
+
+
+def paired_diff_ci(a: Sequence[float], b: Sequence[float], seed: int = 0,
+                   n_boot: int = _N_BOOT) -> tuple[float, tuple[float, float] | None]:
+    """Mean of ``b - a`` over paired items, with a 95% bootstrap interval resampling the pairs.
+
+    Introduced in lab 15 (Proving Quantization Safe).
+    """
+    d = np.asarray(b, dtype=float) - np.asarray(a, dtype=float)
+    return float(d.mean()) if d.size else float("nan"), bootstrap_mean_ci(d, seed, n_boot)
+
+
+# -------------------------------------------------------------------------------------- accuracy
+@dataclass
+class TaskScore:
+    """One task's result: per-question correctness (by id), accuracy and its 95% interval.
+
+    Introduced in lab 15 (Proving Quantization Safe).
+    """
+
+    task: str
+    correct: dict[str, float]
+    accuracy: float
+    ci: tuple[float, float] | None
+
+
+@dataclass
+class Accuracy:
+    """Task accuracy of one server: each task, the macro average, and where lm-eval wrote its records.
+
+    Introduced in lab 15 (Proving Quantization Safe).
+    """
+
+    tasks: dict[str, TaskScore]
+    mean: float
+    mean_ci: tuple[float, float] | None
+    seconds: float
+    out_dir: str
+
+    def per_question(self) -> dict[str, float]:
+        return {qid: v for t in self.tasks.values() for qid, v in t.correct.items()}
+
+
+def _task_yaml(name: str, data: Path) -> str:
+    return (f"task: labs_{name}\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {data}\n"
+            "test_split: test\noutput_type: multiple_choice\ndoc_to_text: \"{{question}}\"\n"
+            "doc_to_choice: \"{{choices}}\"\ndoc_to_target: \"{{answer}}\"\ntarget_delimiter: \"\"\n"
+            "metric_list:\n  - metric: acc\n    aggregation: mean\n    higher_is_better: true\n")
+
+
+def _check_tasks(tasks: Iterable[str]) -> list[Path]:
+    files = []
+    for t in tasks:
+        f = settings.data_dir() / "evals" / f"{t}.jsonl"
+        if not f.is_file():
+            raise FileNotFoundError(f"no eval task {t!r} ({f}); shipped tasks: {', '.join(TASKS)}")
+        for lineno, line in enumerate(f.read_text().splitlines(), 1):
+            try:
+                row = json.loads(line)
+                assert isinstance(row["choices"], list) and 0 <= int(row["answer"]) < len(row["choices"])
+                assert row["id"] and row["question"]
+            except (ValueError, KeyError, AssertionError, TypeError) as e:
+                raise ValueError(f"{f}:{lineno} is not a multiple-choice line {{id, question, choices, answer}}: "
+                                 f"{type(e).__name__} {e}") from None
+        files.append(f)
+    return files
+
+
+def accuracy(server: Any, tasks: Sequence[str] = TASKS, limit: int | None = None, batch_size: int = 16,
+             out_dir: str | os.PathLike | None = None, timeout_s: float = 1800.0) -> Accuracy:
+    """Task accuracy through lm-eval (``local-completions``) against ``server`` (a :class:`helpers.server.Server`).
+
+    ``limit`` takes the first N questions of each task (CI-sized runs). lm-eval runs as a subprocess registered with
+    :mod:`helpers.procs` (stopped with its tree if a cell fails); its per-question records give each task's
+    accuracy with a bootstrap interval.
+
+    Introduced in lab 15 (Proving Quantization Safe).
+    """
+    files = _check_tasks(tasks)
+    work = Path(out_dir) if out_dir else Path(tempfile.mkdtemp(prefix="labs-eval-"))
+    include = work / "tasks"
+    include.mkdir(parents=True, exist_ok=True)
+    for t, f in zip(tasks, files):
+        (include / f"labs_{t}.yaml").write_text(_task_yaml(t, f))
+    tokenizer = models.local_path(server.model_path) or server.model_path
+    args = ",".join([f"model={server.model}", f"base_url={server.base_url}/completions", f"tokenizer={tokenizer}",
+                     "num_concurrent=1", "tokenized_requests=False", "max_retries=2"])
+    cmd = [sys.executable, "-m", "lm_eval", "--model", "local-completions", "--model_args", args,
+           "--include_path", str(include), "--tasks", ",".join(f"labs_{t}" for t in tasks),
+           "--batch_size", str(batch_size), "--output_path", str(work / "out"), "--log_samples"]
+    if limit:
+        cmd += ["--limit", str(limit)]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    if getattr(server, "api_key", None):
+        env["OPENAI_API_KEY"] = server.api_key
+    t0 = time.monotonic()
+    p = procs.Proc(cmd, kind="tool", name=f"lm-eval {server.model}", env=env, secrets=[getattr(server, "api_key", None)],
+                   log_path=work / "lm_eval.log").start()
+    try:
+        rc = p.popen.wait(timeout=timeout_s)
+    finally:
+        p.stop()
+    if rc != 0:
+        raise RuntimeError(f"lm-eval failed (exit code {rc}); cause: {procs.root_cause(p.log_text()) or '?'}\n"
+                           f"log: {p.log_path}\n{p.log_tail(15)}")
+    scores = {}
+    for t in tasks:
+        found = sorted((work / "out").rglob(f"samples_labs_{t}_*.jsonl"))
+        if not found:
+            raise RuntimeError(f"lm-eval wrote no samples for task {t} under {work / 'out'}")
+        rows = [json.loads(x) for x in found[-1].read_text().splitlines() if x.strip()]
+        correct = {r["doc"]["id"]: float(r["acc"]) for r in rows}
+        vals = list(correct.values())
+        scores[t] = TaskScore(t, correct, float(np.mean(vals)), bootstrap_mean_ci(vals))
+    per_task = [s.accuracy for s in scores.values()]
+    # The macro average's interval: resample questions within each task, average the task means.
+    rng = np.random.default_rng(0)
+    boot = np.mean([[np.mean(rng.choice(list(s.correct.values()), len(s.correct))) for s in scores.values()]
+                    for _ in range(500)], axis=1)
+    return Accuracy(tasks=scores, mean=float(np.mean(per_task)),
+                    mean_ci=(float(np.percentile(boot, 2.5)), float(np.percentile(boot, 97.5))),
+                    seconds=time.monotonic() - t0, out_dir=str(work))
+
+
+# ----------------------------------------------------------------------------------------- drift
+def _texts(texts: Sequence[str] | None) -> list[str]:
+    if texts is not None:
+        return list(texts)
+    f = settings.data_dir() / "evals" / "drift_texts.jsonl"
+    return [json.loads(line)["text"] for line in f.read_text().splitlines() if line.strip()]
+
+
+def prompt_logprobs(server: Any, texts: Sequence[str] | None = None, top_k: int = 20) -> list[list[dict[int, float]]]:
+    """For each text, the top-``top_k`` next-token log-probabilities at every position (vLLM's ``prompt_logprobs``),
+    plus the logprob of the token that actually follows, as ``{token_id: logprob}`` per position.
+
+    Introduced in lab 15 (Proving Quantization Safe).
+    """
+    out = []
+    headers = {"Authorization": f"Bearer {server.api_key}"} if getattr(server, "api_key", None) else {}
+    with httpx.Client(timeout=600.0, headers=headers) as client:
+        for text in _texts(texts):
+            r = client.post(f"{server.base_url}/completions", json={
+                "model": server.model, "prompt": text, "max_tokens": 1, "temperature": 0,
+                "prompt_logprobs": top_k})
+            if r.status_code != 200:
+                raise RuntimeError(f"{server.base_url}/completions refused prompt_logprobs={top_k} (HTTP {r.status_code}):"
+                                   f" {r.text[:300]}. vLLM caps it at --max-logprobs (default 20).")
+            positions = r.json()["choices"][0].get("prompt_logprobs") or []
+            out.append([{int(k): float(v["logprob"]) for k, v in pos.items()} for pos in positions if pos])
+    return out
+
+
+@dataclass
+class Drift:
+    """How far a candidate's next-token distributions moved from a baseline's, over every position of the texts.
+
+    ``kl`` is KL(baseline || candidate) in nats over the baseline's top-k tokens plus one bucket for the rest (a lower
+    bound on the full KL); ``top1`` the share of positions where both put the same token first; intervals resample
+    whole texts (positions within a text move together).
+
+    Introduced in lab 15 (Proving Quantization Safe).
+    """
+
+    kl_mean: float
+    kl_ci: tuple[float, float] | None
+    kl_p99: float
+    top1: float
+    top1_ci: tuple[float, float] | None
+    positions: int
+    texts: int
+    top_k: int
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _kl(base: dict[int, float], cand: dict[int, float]) -> float:
+    ids = list(base)
+    p = np.exp([base[i] for i in ids])
+    floor = min(cand.values()) if cand else -30.0
+    q = np.exp([cand.get(i, floor) for i in ids])  # a token outside the candidate's top-k: at most its k-th logprob
+    p_rest, q_rest = max(1e-12, 1.0 - p.sum()), max(1e-12, 1.0 - min(q.sum(), 1.0 - 1e-12))
+    return float(np.sum(p * (np.log(np.maximum(p, 1e-30)) - np.log(np.maximum(q, 1e-30))))
+                 + p_rest * (math.log(p_rest) - math.log(q_rest)))
+
+
+def drift(baseline: Any, candidate: Any, texts: Sequence[str] | None = None, top_k: int = 20) -> Drift:
+    """Token-level drift of ``candidate`` from ``baseline``: servers, or the output of :func:`prompt_logprobs`.
+
+    Introduced in lab 15 (Proving Quantization Safe).
+    """
+    base = baseline if isinstance(baseline, list) else prompt_logprobs(baseline, texts, top_k)
+    cand = candidate if isinstance(candidate, list) else prompt_logprobs(candidate, texts, top_k)
+    if len(base) != len(cand):
+        raise ValueError(f"baseline has {len(base)} texts, candidate {len(cand)}: measure both on the same texts")
+    per_text_kl, per_text_top1, all_kl = [], [], []
+    for b_text, c_text in zip(base, cand):
+        if len(b_text) != len(c_text):
+            raise ValueError("the two servers tokenized a text differently: drift needs the same tokenizer")
+        kls = [_kl(b, c) for b, c in zip(b_text, c_text)]
+        agree = [max(b, key=b.get) == max(c, key=c.get) for b, c in zip(b_text, c_text)]
+        per_text_kl.append(kls)
+        per_text_top1.append(agree)
+        all_kl += kls
+    n = sum(len(k) for k in per_text_kl)
+    rng = np.random.default_rng(0)
+    idx = rng.integers(0, len(per_text_kl), size=(_N_BOOT, len(per_text_kl)))
+    kl_boot = [np.mean(np.concatenate([per_text_kl[i] for i in row])) for row in idx[:500]]
+    t1_boot = [np.mean(np.concatenate([per_text_top1[i] for i in row])) for row in idx[:500]]
+    return Drift(kl_mean=float(np.mean(all_kl)), kl_ci=(float(np.percentile(kl_boot, 2.5)), float(np.percentile(kl_boot, 97.5))),
+                 kl_p99=float(np.percentile(all_kl, 99)),
+                 top1=float(np.mean(np.concatenate(per_text_top1))),
+                 top1_ci=(float(np.percentile(t1_boot, 2.5)), float(np.percentile(t1_boot, 97.5))),
+                 positions=n, texts=len(per_text_kl), top_k=top_k)
+
+
+# ---------------------------------------------------------------------------------- long context
+_DOORS = ("blue", "red", "green", "yellow")
+_WORDS = ("tiger", "river", "candle", "garden", "silver", "rocket", "pencil", "island", "dragon", "orange", "castle",
+          "bottle", "forest", "planet", "button", "mirror")
+
+
+@dataclass
+class LengthScore:
+    """Long-context retrieval at one context length: questions asked, answered right, accuracy and interval.
+
+    Introduced in lab 15 (Proving Quantization Safe).
+    """
+
+    tokens: int
+    questions: int
+    correct: list[float]
+    accuracy: float
+    ci: tuple[float, float] | None
+
+
+@dataclass
+class LongContext:
+    """Retrieval of planted facts at each context length (never averaged over lengths).
+
+    Introduced in lab 15 (Proving Quantization Safe).
+    """
+
+    lengths: dict[int, LengthScore]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {str(k): {"accuracy": v.accuracy, "ci": v.ci, "questions": v.questions} for k, v in self.lengths.items()}
+
+
+def _haystack(tokens: int, counter: Any, rng: random.Random, needles: list[str]) -> str:
+    paras = _texts(None)
+    body: list[str] = []
+    budget = tokens - 64  # room for the needles and the question
+    while counter.content(" ".join(body)) < budget:
+        body.append(rng.choice(paras))
+    while body and counter.content(" ".join(body)) > budget:
+        body.pop()
+    for k, needle in enumerate(needles):  # depths spread from 10% to 90%
+        pos = round((0.1 + 0.8 * k / max(1, len(needles) - 1)) * len(body))
+        body.insert(pos, needle)
+    return " ".join(body)
+
+
+def long_context(server: Any, lengths: Sequence[int], haystacks: int = 2, seed: int = 0) -> LongContext:
+    """Plant four passwords (one per coloured door) in haystacks of each length and ask for each one back.
+
+    A question is answered right when, of the four passwords, the right one's first token has the highest
+    log-probability as the next token (``logprobs=20``; a password outside the top 20 ranks below those in it). The
+    haystack is shared by a length's four questions, so the prefix cache prefills it once.
+
+    Introduced in lab 15 (Proving Quantization Safe).
+    """
+    counter = token_counter(models.local_path(server.model_path) or server.model_path)
+    first = {w: counter.ids(" " + w, special=False)[0] for w in _WORDS}
+    headers = {"Authorization": f"Bearer {server.api_key}"} if getattr(server, "api_key", None) else {}
+    result = {}
+    with httpx.Client(timeout=1800.0, headers=headers) as client:
+        for length in lengths:
+            correct = []
+            for h in range(haystacks):
+                rng = random.Random(f"{seed}-{length}-{h}")
+                words = rng.sample(_WORDS, len(_DOORS))
+                needles = [f"The password for the {d} door is {w}." for d, w in zip(_DOORS, words)]
+                context = _haystack(length, counter, rng, needles)
+                for d, w in zip(_DOORS, words):
+                    prompt = f"{context}\n\nQuestion: what is the password for the {d} door?\nAnswer: The password for the {d} door is"
+                    r = client.post(f"{server.base_url}/completions", json={
+                        "model": server.model, "prompt": prompt, "max_tokens": 1, "temperature": 0, "logprobs": 20,
+                        "return_tokens_as_token_ids": True})
+                    r.raise_for_status()
+                    top = r.json()["choices"][0]["logprobs"]["top_logprobs"][0]  # {"token_id:123": logprob}
+                    by_id = {int(tok.split(":", 1)[1]): lp for tok, lp in top.items()}
+                    floor = min(top.values()) - 1.0
+                    scores = {x: by_id.get(first[x], floor) for x in words}
+                    correct.append(float(max(scores, key=scores.get) == w))
+            result[length] = LengthScore(length, len(correct), correct, float(np.mean(correct)),
+                                         bootstrap_mean_ci(correct))
+    return LongContext(result)
+
+
+# ------------------------------------------------------------------------------------ quality
+@dataclass
+class Quality:
+    """One configuration's quality: task accuracy, long context, and (for a candidate) drift from the baseline, with
+    the baseline's prompt log-probabilities kept so later candidates can be compared without the baseline's server.
+
+    Introduced in lab 15 (Proving Quantization Safe).
+    """
+
+    name: str
+    accuracy: Accuracy
+    long_context: LongContext
+    drift: Drift | None = None
+    logprobs: list[list[dict[int, float]]] = field(default_factory=list, repr=False)
+
+    def summary(self) -> dict[str, Any]:
+        out = {"name": self.name, "task_accuracy": self.accuracy.mean, "task_accuracy_ci": self.accuracy.mean_ci,
+               **{f"accuracy {t}": s.accuracy for t, s in self.accuracy.tasks.items()},
+               **{f"long context {k} tokens": v.accuracy for k, v in self.long_context.lengths.items()}}
+        if self.drift:
+            out.update(kl=self.drift.kl_mean, kl_ci=self.drift.kl_ci, top1_agreement=self.drift.top1)
+        return out
+
+
+def quality(server: Any, name: str, baseline: Quality | None = None, *, tasks: Sequence[str] = TASKS,
+            limit: int | None = None, lengths: Sequence[int] = (512, 1024, 2048), haystacks: int = 2,
+            top_k: int = 20, texts: Sequence[str] | None = None) -> Quality:
+    """Measure ``server``'s task accuracy, long-context retrieval and — against ``baseline`` — drift (on ``texts``,
+    default the shipped drift texts; a baseline and its candidates must use the same ones).
+
+    Introduced in lab 15 (Proving Quantization Safe).
+    """
+    lp = prompt_logprobs(server, texts, top_k=top_k)
+    acc = accuracy(server, tasks, limit=limit)
+    lc = long_context(server, lengths, haystacks=haystacks)
+    d = drift(baseline.logprobs, lp) if baseline is not None else None
+    return Quality(name=name, accuracy=acc, long_context=lc, drift=d, logprobs=lp)
+
+
+@dataclass
+class Gate:
+    """Safe or not, with every reason and the figures behind it.
+
+    Introduced in lab 15 (Proving Quantization Safe).
+    """
+
+    candidate: str
+    baseline: str
+    safe: bool
+    reasons: list[str]
+    figures: dict[str, Any]
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def __str__(self) -> str:
+        head = f"{self.candidate} vs {self.baseline}: {'SAFE' if self.safe else 'NOT SAFE'}"
+        return head + "".join(f"\n  - {r}" for r in self.reasons)
+
+
+def gate(baseline: Quality, candidate: Quality, *, max_task_drop: float = 0.05, max_kl: float = 0.05,
+         min_top1: float = 0.90, max_long_drop: float = 0.25) -> Gate:
+    """The gate: a candidate is safe when no task's accuracy dropped by more than ``max_task_drop`` with confidence
+    (the paired interval of the drop lies wholly above it), its KL from the baseline is under ``max_kl`` and its
+    top-1 agreement over ``min_top1``, and at *no* context length did retrieval drop by more than ``max_long_drop``.
+
+    Every check is reported, passing or not, so a reader sees which measurement decided.
+
+    Introduced in lab 15 (Proving Quantization Safe).
+    """
+    if candidate.drift is None:
+        raise ValueError(f"{candidate.name} has no drift: measure it with quality(..., baseline=...)")
+    reasons, figures, safe = [], {}, True
+    for t, base in baseline.accuracy.tasks.items():
+        cand = candidate.accuracy.tasks.get(t)
+        if cand is None:
+            continue
+        ids = [q for q in base.correct if q in cand.correct]
+        diff, ci = paired_diff_ci([base.correct[q] for q in ids], [cand.correct[q] for q in ids])
+        figures[f"task {t}"] = {"baseline": base.accuracy, "candidate": cand.accuracy, "diff": diff, "diff_ci": ci}
+        if ci is not None and ci[1] < -max_task_drop:
+            safe = False
+            reasons.append(f"task {t}: accuracy {base.accuracy:.0%} -> {cand.accuracy:.0%}, a drop beyond "
+                           f"{max_task_drop:.0%} with 95% confidence ({ci[0]:+.0%} to {ci[1]:+.0%})")
+        else:
+            reasons.append(f"task {t}: {base.accuracy:.0%} -> {cand.accuracy:.0%} (ok)")
+    d = candidate.drift
+    figures["drift"] = d.as_dict()
+    if d.kl_mean > max_kl:
+        safe = False
+        reasons.append(f"drift: KL {d.kl_mean:.4f} nats per token > {max_kl}")
+    else:
+        reasons.append(f"drift: KL {d.kl_mean:.4f} nats per token (ok)")
+    if d.top1 < min_top1:
+        safe = False
+        reasons.append(f"drift: top-1 agreement {d.top1:.1%} < {min_top1:.0%}")
+    else:
+        reasons.append(f"drift: top-1 agreement {d.top1:.1%} (ok)")
+    for length, base in baseline.long_context.lengths.items():
+        cand = candidate.long_context.lengths.get(length)
+        if cand is None:
+            continue
+        drop = base.accuracy - cand.accuracy
+        figures[f"long context {length}"] = {"baseline": base.accuracy, "candidate": cand.accuracy}
+        if drop > max_long_drop:
+            safe = False
+            reasons.append(f"long context at {length:,} tokens: retrieval {base.accuracy:.0%} -> {cand.accuracy:.0%}")
+        else:
+            reasons.append(f"long context at {length:,} tokens: {base.accuracy:.0%} -> {cand.accuracy:.0%} (ok)")
+    return Gate(candidate=candidate.name, baseline=baseline.name, safe=safe, reasons=reasons, figures=figures)

@@ -1,0 +1,92 @@
+"""helpers.evals: the statistics and the gate on constructed numbers, the task files' validation, and one real run
+against vLLM (marked ``vllm``)."""
+
+import importlib.util
+import math
+
+import numpy as np
+import pytest
+
+from helpers import evals
+
+
+def test_kl_of_identical_distributions_is_zero_and_grows_with_the_move():
+    base = {1: math.log(0.6), 2: math.log(0.3), 3: math.log(0.05)}
+    assert evals._kl(base, dict(base)) == pytest.approx(0.0, abs=1e-12)
+    moved = {1: math.log(0.3), 2: math.log(0.6), 3: math.log(0.05)}
+    # second formula: the same KL written out by hand (tail bucket 0.05 on both sides contributes 0)
+    by_hand = 0.6 * math.log(0.6 / 0.3) + 0.3 * math.log(0.3 / 0.6)
+    assert evals._kl(base, moved) == pytest.approx(by_hand)
+    assert evals._kl(base, {9: math.log(0.9)}) > evals._kl(base, moved)  # the baseline's tokens fell out of the top-k
+
+
+def test_bootstrap_intervals_cover_the_mean_and_narrow_with_more_items():
+    rng = np.random.default_rng(1)
+    small, large = rng.random(20), rng.random(2000)
+    lo, hi = evals.bootstrap_mean_ci(small)
+    assert lo < small.mean() < hi
+    lo2, hi2 = evals.bootstrap_mean_ci(large)
+    assert hi2 - lo2 < (hi - lo) / 3
+    diff, ci = evals.paired_diff_ci([1, 1, 1, 1, 0] * 10, [1, 1, 0, 1, 0] * 10)
+    assert diff == pytest.approx(-0.2) and ci[1] < 0 < 1
+
+
+def _quality(name, task_correct, long_acc, kl=None, top1=None):
+    tasks = {"t": evals.TaskScore("t", {f"q{i}": float(c) for i, c in enumerate(task_correct)},
+                                 float(np.mean(task_correct)), evals.bootstrap_mean_ci(task_correct))}
+    acc = evals.Accuracy(tasks, float(np.mean(task_correct)), None, 0.0, "")
+    lc = evals.LongContext({n: evals.LengthScore(n, 8, [a] * 8, a, None) for n, a in long_acc.items()})
+    drift = None if kl is None else evals.Drift(kl, None, kl, top1, None, 1000, 40, 20)
+    return evals.Quality(name, acc, lc, drift)
+
+
+def test_gate_passes_a_faithful_candidate_and_names_what_fails():
+    base = _quality("bf16", [1] * 40, {512: 1.0, 2048: 0.9})
+    good = _quality("int8", [1] * 39 + [0], {512: 1.0, 2048: 0.9}, kl=0.01, top1=0.97)
+    g = evals.gate(base, good)
+    assert g.safe and all("(ok)" in r for r in g.reasons)
+    # The average hides it: same task accuracy, but retrieval at the long end collapsed.
+    hidden = _quality("int4", [1] * 40, {512: 1.0, 2048: 0.25}, kl=0.02, top1=0.95)
+    g = evals.gate(base, hidden)
+    assert not g.safe and any("2,048 tokens" in r and "(ok)" not in r for r in g.reasons)
+    drifted = _quality("fp4", [1] * 40, {512: 1.0, 2048: 0.9}, kl=0.3, top1=0.7)
+    assert [r for r in evals.gate(base, drifted).reasons if "(ok)" not in r] == [
+        "drift: KL 0.3000 nats per token > 0.05", "drift: top-1 agreement 70.0% < 90%"]
+    worse = _quality("bad", [0] * 20 + [1] * 20, {512: 1.0, 2048: 0.9}, kl=0.01, top1=0.97)
+    assert not evals.gate(base, worse).safe
+    with pytest.raises(ValueError, match="no drift"):
+        evals.gate(base, base)
+
+
+def test_a_malformed_task_line_names_the_file_and_line(tmp_path, monkeypatch):
+    (tmp_path / "evals").mkdir()
+    (tmp_path / "evals" / "bad.jsonl").write_text('{"id": "a", "question": "q", "choices": [" x"], "answer": 0}\n'
+                                                  '{"id": "b", "question": "q", "choices": [" x"], "answer": 3}\n')
+    monkeypatch.setattr(evals.settings, "data_dir", lambda: tmp_path)
+    with pytest.raises(ValueError, match=r"bad\.jsonl:2 is not a multiple-choice line"):
+        evals._check_tasks(["bad"])
+    with pytest.raises(FileNotFoundError, match="shipped tasks"):
+        evals._check_tasks(["nope"])
+
+
+def test_shipped_tasks_are_well_formed():
+    files = evals._check_tasks(evals.TASKS)
+    assert len(files) == len(evals.TASKS) and all(f.stat().st_size > 0 for f in files)
+
+
+@pytest.mark.vllm
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None or importlib.util.find_spec("lm_eval") is None,
+                    reason="needs vLLM and lm-eval")
+def test_real_server_quality_and_drift_against_itself():
+    """The default model against itself: accuracy well above chance, drift zero, retrieval measured per length."""
+    from helpers import runtime, server
+
+    texts = evals._texts(None)[:6]
+    with server.start(runtime.profile("cpu"), progress=False) as srv:  # the profile's server: labs reuse it
+        q = evals.quality(srv, "self", tasks=("capitals", "opposites"), limit=5, lengths=(256,), haystacks=1,
+                          texts=texts)
+        again = evals.drift(q.logprobs, srv, texts=texts)
+    assert q.accuracy.mean > 0.5  # chance is 0.25
+    assert set(q.accuracy.tasks) == {"capitals", "opposites"} and q.accuracy.tasks["capitals"].correct
+    assert again.kl_mean < 1e-3 and again.top1 > 0.99 and again.positions > 300
+    assert set(q.long_context.lengths) == {256} and q.long_context.lengths[256].questions == 4
