@@ -304,6 +304,157 @@ def _lab11(p: runtime.Profile, quick: bool) -> dict[str, Any]:
                        _long_enough(p, probe_s, inp, out, batch=16, what="each probe of the search")]}
 
 
+# ------------------------------------------------------------------------------------ phase 4
+#: A small model this project writes with random weights (``helpers.models.random_checkpoint``) for what the
+#: profile's own model cannot show on a CPU: an even number of heads for TP=2, experts for expert parallelism.
+TINY_TP, TINY_MOE = "random:tiny-tp", "random:tiny-moe"
+
+
+def _kv_per_token(p: runtime.Profile, model: str | None = None) -> int:
+    return int(sizing.kv_bytes_for_context(sizing.load_config(model or p.model, dtype=p.dtype), 1))
+
+
+def _shared_gpu_fit(p: runtime.Profile, replicas: int, tokens: int, model: str | None = None) -> dict[str, Any]:
+    """``replicas`` servers of ``model`` sharing one card (what a one-GPU learner runs), each with ``tokens`` of KV."""
+    if p.gpu_memory_gib is None:
+        return {"claim": "CPU: each replica gets its own cores and its own KV pool in RAM", "ok": True}
+    cfg = sizing.load_config(model or p.model, dtype=p.dtype)
+    weights = sizing.weight_bytes(cfg).total / 2**30
+    kv = sizing.kv_bytes_for_context(cfg, tokens) / 2**30
+    share = p.utilization / replicas * p.gpu_memory_gib
+    need = weights + kv + GPU_OVERHEAD_GIB
+    return {"claim": f"{replicas} replicas on one card: each needs weights {weights:.1f} + KV {kv:.2f} + "
+                     f"{GPU_OVERHEAD_GIB:g} GiB = {need:.1f} GiB <= its share {share:.1f} GiB", "ok": need <= share}
+
+
+def _fleet_model(p: runtime.Profile) -> str:
+    """The model a one-card fleet lab runs two replicas of: the profile's, unless two copies cannot share the card."""
+    if p.gpu_memory_gib is None:
+        return p.model
+    weights = sizing.weight_bytes(sizing.load_config(p.model, dtype=p.dtype)).total / 2**30
+    return p.model if 2 * (weights + GPU_OVERHEAD_GIB + 2) <= p.utilization * p.gpu_memory_gib else runtime.QWEN_1_5B
+
+
+@_register("18")
+def _lab18(p: runtime.Profile, quick: bool) -> dict[str, Any]:
+    model = TINY_TP if not _gpu(p) else p.model
+    inp, out = 128, (32 if quick else 64)
+    batches = [1, 8] if quick else [1, 4, 16]
+    if _gpu(p):
+        batches = [1, 32] if quick else [1, 16, 64]
+    return {"max_model_len": 2048 if not _gpu(p) else p.max_model_len, "max_request_tokens": inp + out,
+            "min_gpu_memory_utilization": p.utilization if _gpu(p) else None, "min_run_s": 0.0,
+            "model": model,
+            "values": {"tp_model": model, "tp_sizes": [1, 2], "input_len": inp, "output_len": out, "batches": batches,
+                       "allreduce_sizes": [4096, 65536, 1 << 20], "big_models": ["llama-3.1-70b", "deepseek-v3"],
+                       "links": ["nvlink4", "pcie5", "ib_ndr"]},
+            "checks": [_fits_context(inp + out, 2048 if not _gpu(p) else p.max_model_len, "each request"),
+                       _gpu_fit(p, p.utilization, inp + out, batches[-1])]}
+
+
+@_register("19")
+def _lab19(p: runtime.Profile, quick: bool) -> dict[str, Any]:
+    inp, out = 128, (32 if quick else 64)
+    batches = [1, 8] if quick else [1, 4, 16]
+    return {"max_model_len": 2048, "max_request_tokens": inp + out,
+            "min_gpu_memory_utilization": 0.5 if _gpu(p) else None, "min_run_s": 0.0, "model": TINY_MOE,
+            "values": {"moe_model": TINY_MOE, "tp_sizes": [1, 2], "input_len": inp, "output_len": out,
+                       "batches": batches, "routing_tokens": 2048 if quick else 8192,
+                       "catalog": ["mixtral-8x7b", "qwen3-30b-a3b", "gpt-oss-20b", "deepseek-v3"],
+                       "ep_model": "qwen3-30b-a3b", "ep_gpus": 8},
+            "checks": [_fits_context(inp + out, 2048, "each request")]}
+
+
+@_register("20")
+def _lab20(p: runtime.Profile, quick: bool) -> dict[str, Any]:
+    lengths = ([256, 1024] if quick else [256, 512, 1024, 2048]) if not _gpu(p) else \
+        ([2048, 8192] if quick else [1024, 4096, 16384, 32768])
+    lengths = [n for n in lengths if n + 64 <= p.max_model_len]
+    model = _fleet_model(p)
+    return {"max_model_len": p.max_model_len, "max_request_tokens": lengths[-1] + 16,
+            "min_gpu_memory_utilization": round(p.utilization / 2, 3) if _gpu(p) else None, "min_run_s": 0.0,
+            "model": model,
+            "values": {"prompt_lengths": lengths, "output_len": 16, "repeats": 2 if quick else 3,
+                       "decoders": 2 if quick else 4, "decode_output": 64 if quick else 128,
+                       "links": ["nvlink4", "pcie5", "ib_ndr", "ethernet_100g"]},
+            "checks": [_fits_context(lengths[-1] + 16, p.max_model_len, "the longest prompt"),
+                       _shared_gpu_fit(p, 2, lengths[-1] + 16, model)]}
+
+
+@_register("21")
+def _lab21(p: runtime.Profile, quick: bool) -> dict[str, Any]:
+    prompt = 1024 if not _gpu(p) else min(8192, p.max_model_len // 2)
+    per_token = _kv_per_token(p)
+    prompts_in_cache = 3
+    cache_tokens = prompts_in_cache * (prompt + 256)
+    return {"max_model_len": min(p.max_model_len, cache_tokens), "max_request_tokens": prompt + 16,
+            "min_gpu_memory_utilization": p.utilization if _gpu(p) else None, "min_run_s": 0.0,
+            "values": {"prompt": prompt, "output": 8, "flush_prompts": prompts_in_cache + 2,
+                       "kv_cache_memory_bytes": cache_tokens * per_token, "cache_tokens": cache_tokens,
+                       "kv_bytes_per_token": per_token, "repeats": 2 if quick else 4,
+                       "tiers": ["hbm", "cpu_dram", "local_nvme", "object_store"]},
+            "checks": [_fits_context(prompt + 16, min(p.max_model_len, cache_tokens), "the reused prompt"),
+                       {"claim": f"{prompts_in_cache + 2} flush prompts of {prompt:,} tokens overflow a cache of "
+                                 f"{cache_tokens:,} tokens, so the reused prompt is evicted",
+                        "ok": (prompts_in_cache + 2) * prompt > cache_tokens}]}
+
+
+@_register("22")
+def _lab22(p: runtime.Profile, quick: bool) -> dict[str, Any]:
+    model = _fleet_model(p)
+    if _gpu(p):
+        prefix, suffix, out, prefixes, per = 2048, 64, 16, 8, (4 if quick else 6)
+        scale = {"max_num_seqs": 8, "input_len": 1024, "output_len": 128, "rate": 16.0 if quick else 24.0,
+                 "duration_s": 120.0 if quick else 240.0}
+    else:
+        prefix, suffix, out, prefixes, per = 384, 32, 8, 6, 4
+        scale = {"max_num_seqs": 4, "input_len": 128, "output_len": 16, "rate": 3.0,
+                 "duration_s": 75.0 if quick else 150.0}
+    request = prefix + suffix + out
+    cache_tokens = int((prefixes / 2 + 1.5) * request)   # holds half the prefixes (cache-aware), not all (round-robin)
+    kv_bytes = cache_tokens * _kv_per_token(p, model)
+    max_len = min(p.max_model_len, 2 * request, cache_tokens)
+    return {"max_model_len": max_len, "max_request_tokens": request,
+            "min_gpu_memory_utilization": round(p.utilization / 2, 3) if _gpu(p) else None,
+            "min_run_s": scale["duration_s"], "model": model,
+            "values": {"replicas": 2, "prefix_len": prefix, "suffix_len": suffix, "output_len": out,
+                       "num_prefixes": prefixes, "per_prefix": per, "concurrency": 2,
+                       "cache_tokens": cache_tokens, "kv_cache_memory_bytes": kv_bytes, "replica_max_model_len": max_len,
+                       "queue_threshold": 4, "hold_s": 3.0, "scale": scale,
+                       "slo": {"ttft_p99_ms": 1000.0, "tpot_p99_ms": 60.0} if _gpu(p) else
+                       {"ttft_p99_ms": 2000.0, "tpot_p99_ms": 250.0}},
+            "checks": [_fits_context(request, max_len, "each routed request"),
+                       _shared_gpu_fit(p, 2, cache_tokens, model),
+                       {"claim": f"a replica's cache ({cache_tokens:,} tokens) holds the {prefixes // 2} prefixes "
+                                 f"cache-aware routing gives it plus one request, but not all {prefixes}",
+                        "ok": (prefixes // 2 + 1) * request <= cache_tokens < prefixes * prefix},
+                       _long_enough(p, scale["duration_s"], scale["input_len"], scale["output_len"],
+                                    batch=scale["max_num_seqs"], what="the scale-out load")]}
+
+
+@_register("23")
+def _lab23(p: runtime.Profile, quick: bool) -> dict[str, Any]:
+    model = _fleet_model(p)
+    if _gpu(p):
+        load = {"max_num_seqs": 16, "input_len": 1024, "output_len": 128, "calm_rate": 4.0, "overload": 3.0}
+        slo = {"ttft_p99_ms": 1000.0, "tpot_p99_ms": 60.0}
+    else:
+        load = {"max_num_seqs": 4, "input_len": 128, "output_len": 16, "calm_rate": 0.4, "overload": 3.0}
+        slo = {"ttft_p99_ms": 2000.0, "tpot_p99_ms": 250.0}
+    phases = {"calm_s": 20.0 if quick else 60.0, "overload_s": 25.0 if quick else 90.0,
+              "recovery_s": 20.0 if quick else 60.0}
+    if _gpu(p):
+        phases = {k: 3 * v for k, v in phases.items()}
+    return {"max_model_len": min(p.max_model_len, 4096), "max_request_tokens": load["input_len"] + load["output_len"],
+            "min_gpu_memory_utilization": round(p.utilization / 2, 3) if _gpu(p) else None,
+            "min_run_s": phases["calm_s"], "model": model,
+            "values": {**load, **phases, **slo, "queue_threshold": 4, "window": "30s",
+                       "burn_windows": [["2m", "30s", 14.4, "page", "10s"], ["5m", "1m", 6.0, "ticket", "30s"]]},
+            "checks": [_shared_gpu_fit(p, 2, load["input_len"] + load["output_len"], model),
+                       _long_enough(p, phases["calm_s"], load["input_len"], load["output_len"],
+                                    batch=load["max_num_seqs"], what="the calm phase")]}
+
+
 # ------------------------------------------------------------------------------------------ API
 def lab(number: str, profile: runtime.Profile | str, quick: bool | None = None) -> LabPlan:
     """Lab ``number``'s plan for ``profile`` (a Profile or a profile name); raises :class:`PlanError` when it does
@@ -319,7 +470,7 @@ def lab(number: str, profile: runtime.Profile | str, quick: bool | None = None) 
         raise KeyError(f"no plan for lab {number}; plans exist for {', '.join(sorted(LABS))}")
     q = _quick() if quick is None else quick
     raw = LABS[number](prof, q)
-    p = LabPlan(lab=number, profile=prof.name, model=prof.model, **raw)
+    p = LabPlan(lab=number, profile=prof.name, model=raw.pop("model", prof.model), **raw)
     p.checks.insert(0, _fits_context(p.max_request_tokens, p.max_model_len, "the longest request"))
     if not p.ok:
         failed = "\n  ".join(c["claim"] for c in p.checks if not c["ok"])

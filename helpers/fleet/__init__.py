@@ -21,6 +21,29 @@ is validated offline, and the same Prometheus rules and dashboard panels run aga
 - :mod:`~helpers.fleet.observability`: Prometheus scrape config, recording rules and SLO alerts (checked with
   ``promtool``), the Grafana dashboard, and ``query_range`` results as DataFrames and altair charts.
 
-The live pieces (replicas, vllm-router, Prometheus processes, the autoscaler loop) live in other modules of this
-package.
+The live fleet runs on this machine with the same pieces a cluster uses::
+
+    reps = fleet.start_replicas(PROFILE, 2, max_num_seqs=4)           # each bound to its own cores or card
+    with fleet.Router(reps, policy="cache_aware") as router:           # PyPI vllm-router
+        files = observability.write_prometheus(run / "prom", [r.url[7:] for r in reps], router.metrics_url[7:-8], slo)
+        with fleet.Prometheus(files) as prom:                          # Debian's prometheus
+            ...
+
+- :mod:`~helpers.fleet.replicas`: replicas of a profile, each with its share of the device.
+- :mod:`~helpers.fleet.router`: vllm-router with a policy, workers added and removed live.
+- :mod:`~helpers.fleet.prometheus`: a Prometheus process on the generated files; instant and range queries.
+- :mod:`~helpers.fleet.routing`: what round-robin and cache-aware routing do to each replica's prefix cache,
+  predicted by simulating its blocks.
+- :mod:`~helpers.fleet.autoscaler`: the queue rule and a loop that scales out through the router, timed.
+
+Every process is a :class:`helpers.procs.Proc`: stopped on exit, on error, and by a dead kernel's next start.
 """
+
+from .autoscaler import QueueAutoscaler, QueueRule, ScaleOut, decide
+from .prometheus import Prometheus
+from .replicas import replica_env, start_replica, start_replicas, stop_replicas
+from .router import Router
+from .routing import RoutingPrediction, predict_routing, routing_trace
+
+__all__ = ["Router", "Prometheus", "QueueAutoscaler", "QueueRule", "ScaleOut", "decide", "start_replica", "start_replicas",
+           "stop_replicas", "replica_env", "routing_trace", "predict_routing", "RoutingPrediction"]

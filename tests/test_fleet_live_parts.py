@@ -1,0 +1,144 @@
+"""The fleet's live pieces without a fleet: the scale-out rule, the autoscaler loop on stand-ins, device shares.
+
+The real replicas, vllm-router and Prometheus run in labs 22 and 23 (``make test`` executes both).
+"""
+
+import math
+import threading
+import time
+
+import pytest
+
+from helpers import fleet, runtime
+from helpers.fleet import replicas
+from helpers.fleet.router import POLICIES, Router
+
+
+def test_rule_fires_only_after_the_queue_holds_for_the_whole_window():
+    rule = fleet.QueueRule(threshold=4, hold_s=3)
+    steady = [(t * 0.5, 5.0) for t in range(10)]
+    assert fleet.decide(steady, rule) == 3.0
+    assert fleet.decide([(t, 3.9) for t in range(10)], rule) is None
+    dip = [(0, 5), (1, 5), (2, 2), (3, 5), (4, 5), (5, 5), (6, 5)]
+    assert fleet.decide(dip, rule) == 6            # the dip at t=2 restarts the hold
+    gap = [(0, 5), (1, math.nan), (2, 5), (3, 5), (4, 5), (5, 5)]
+    assert fleet.decide(gap, rule) == 5            # a missing sample breaks it too
+
+
+def test_rule_is_per_replica():
+    rule = fleet.QueueRule(threshold=4, hold_s=0)
+    assert fleet.decide([(0, 6)], rule, replicas=1) == 0
+    assert fleet.decide([(0, 6)], rule, replicas=2) is None
+    with pytest.raises(ValueError, match="threshold"):
+        fleet.QueueRule(threshold=0)
+
+
+def test_cores_split_into_contiguous_blocks_and_refuse_more_replicas_than_cores():
+    assert replicas.core_blocks(2, 2) == ["0", "1"]
+    assert replicas.core_blocks(2, 1) == ["0-1"]
+    assert replicas.core_blocks(8, 3) == ["0-2", "3-5", "6-7"]
+    with pytest.raises(ValueError, match="at least 3 cores"):
+        replicas.core_blocks(2, 3)
+
+
+GPU = runtime.GPU(name="NVIDIA H100 80GB HBM3", memory_gib=79.6, compute_capability=(9, 0))
+
+
+@pytest.mark.parametrize("name", sorted(runtime.PROFILES))
+def test_every_profile_gets_a_share_of_its_device_per_replica(name):
+    prof = runtime.PROFILES[name]
+    one_gpu = runtime.Machine(is_colab=False, gpus=(GPU,), cpu_count=16, memory_gib=128.0, cpu_name="x",
+                              cpu_flags=frozenset())
+    two_gpu = runtime.Machine(is_colab=False, gpus=(GPU, GPU), cpu_count=16, memory_gib=128.0, cpu_name="x",
+                              cpu_flags=frozenset())
+    cpu = runtime.Machine(is_colab=False, gpus=(), cpu_count=2, memory_gib=24.0, cpu_name="x",
+                          cpu_flags=frozenset({"avx2"}))
+    machine_one, machine_two = (cpu, cpu) if prof.device == "cpu" else (one_gpu, two_gpu)
+    envs = [fleet.replica_env(prof, i, 2, machine_two) for i in range(2)]
+    assert envs[0] != envs[1]                        # two cards or two core blocks: never the same
+    over = replicas.replica_overrides(prof, 2, machine_one)
+    assert over["enable_scale_out"] is True
+    if prof.device != "cpu":                         # two replicas on one card split its memory
+        assert over["gpu_memory_utilization"] * 2 <= prof.utilization + 1e-9
+        assert "gpu_memory_utilization" not in replicas.replica_overrides(prof, 2, two_gpu)
+
+
+class _Prom:
+    def __init__(self):
+        self.waiting = 0.0
+
+    def value(self, expr):
+        return self.waiting
+
+
+class _Replica:
+    url = "http://127.0.0.1:1"
+
+    def __init__(self):
+        self.served = threading.Event()
+
+    def metrics(self):
+        from helpers.metrics import Sample, Snapshot
+
+        value = 1.0 if self.served.is_set() else 0.0
+        return Snapshot(t=time.time(), samples=[Sample("vllm:request_success_total", (), value)])
+
+    def terminate(self):
+        self.stopped = True
+
+
+class _Router:
+    def __init__(self):
+        self.added = []
+
+    def add_worker(self, w):
+        self.added.append(w.url)
+
+
+def test_autoscaler_times_decision_registration_and_first_request():
+    prom, router, replica = _Prom(), _Router(), _Replica()
+
+    def launch():
+        time.sleep(0.3)                              # a (short) start-up
+        return replica
+
+    scaler = fleet.QueueAutoscaler(prom, router, launch, rule=fleet.QueueRule(4, 0.5), interval_s=0.05,
+                                   max_replicas=2)
+    with scaler:
+        time.sleep(0.3)
+        assert not scaler.events                      # idle queue: nothing happens
+        prom.waiting = 6.0
+        deadline = time.monotonic() + 5
+        while not router.added and time.monotonic() < deadline:
+            time.sleep(0.05)
+        replica.served.set()
+        event = scaler.wait_for_serving(5)
+    assert router.added == [replica.url] and scaler.replicas == 2
+    assert event.error is None
+    assert event.decision_s >= 0.3 + 0.5 - 0.1
+    assert event.decision_s < event.healthy_s <= event.registered_s <= event.first_served_s
+    assert event.decision_to_healthy_s >= 0.3
+    assert len(scaler.events) == 1                   # at max_replicas it stops scaling however long the queue
+
+
+def test_autoscaler_records_a_failed_launch_and_keeps_running():
+    prom, router = _Prom(), _Router()
+    prom.waiting = 10
+
+    def launch():
+        raise RuntimeError("no room")
+
+    scaler = fleet.QueueAutoscaler(prom, router, launch, rule=fleet.QueueRule(4, 0), interval_s=0.05)
+    with scaler:
+        event = scaler.wait_for_serving(3)
+    assert event is not None and "no room" in event.error and router.added == []
+
+
+def test_router_refuses_what_vllm_router_would_refuse_later():
+    with pytest.raises(ValueError, match="unknown policy"):
+        Router(["http://127.0.0.1:1"], policy="fastest")
+    with pytest.raises(ValueError, match="at least 2 workers"):
+        Router(["http://127.0.0.1:1"], policy="power_of_two")
+    with pytest.raises(ValueError, match="start the replicas first"):
+        Router([], policy="round_robin")
+    assert "cache_aware" in POLICIES
