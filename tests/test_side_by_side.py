@@ -182,11 +182,11 @@ def test_capacity_judges_a_step():
 
 
 def test_capacity_code_path_runs_at_one_tiny_load(tmp_path):
-    rep = capacity.capacity(["ours"], tmp_path, rates=[4.0], duration_s=3.0, log=lambda m: None)
+    rep = capacity.capacity(["ours"], tmp_path, rates=[4.0], duration_s=3.0, retries=0, log=lambda m: None)
     (step,) = rep["steps"]
     assert step["requests"] == 12 and step["completed"] == 12 and step["server_records"] == 12
     assert step["chunks_per_request"] == pytest.approx(capacity.OUTPUT_LEN)
-    assert math.isfinite(step["ttft_error"]) and step["ttft_truth_mean_ms"] >= 100.0
+    assert math.isfinite(step["ttft_error"]) and step["ttft_truth_mean_ms"] >= 1000 * capacity.CALIBRATION["ttft_s"]
     assert (tmp_path / "capacity.md").is_file() and (tmp_path / "capacity.json").is_file()
 
 

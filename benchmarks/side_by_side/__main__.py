@@ -49,6 +49,7 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--rates", type=float, nargs="+", default=list(_capacity.RATES), help="request rates to step "
                    "through (req/s); each request is one chunk per output token")
     c.add_argument("--duration", type=float, default=8.0, help="seconds of load per step")
+    c.add_argument("--retries", type=int, default=1, help="measure a failing step this many more times")
     c.add_argument("--tokenizer", default=None)
 
     rr = sub.add_parser("rerender", help="rebuild DIR's report from the runs saved in DIR/report.json")
@@ -85,7 +86,8 @@ def _cmd_capacity(a: argparse.Namespace) -> int:
     from helpers import settings
 
     out = Path(a.out) if a.out else settings.runs_dir() / "side-by-side-capacity" / _stamp()
-    rep = _capacity.capacity(a.tools, out, rates=a.rates, duration_s=a.duration, tokenizer=a.tokenizer)
+    rep = _capacity.capacity(a.tools, out, rates=a.rates, duration_s=a.duration, tokenizer=a.tokenizer,
+                             retries=a.retries)
     print(f"\nreport: {out / (_capacity.STEM + '.md')}")
     for t in rep["tools"]:
         b = rep["capacity"][t]

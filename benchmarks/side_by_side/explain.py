@@ -189,10 +189,10 @@ def _itl(rep: dict[str, Any]) -> str:
     for t in ("guidellm", "aiperf"):
         r = rep["reported"].get(t)
         if r and oc.get("itl_per_token"):
-            line += (f"{LABELS[t]}'s ITL is one average per request, so its p99 ({fmt(r.get('itl_p99', {}).get('value'))}"
-                     f" ms) is the p99 of request averages, not of token gaps (ours: {fmt(oc['itl_per_token']['p99'])}"
-                     f" ms; the p99 of our request averages: {fmt(oc['itl_request_means']['p99'])} ms): it hides the "
-                     "stalls a user sees. ")
+            p99 = fmt(r.get("itl_p99", {}).get("value"))
+            line += (f"{LABELS[t]}'s ITL is one average per request, so its p99 ({p99} ms) is the p99 of request "
+                     f"averages, not of token gaps (ours: {fmt(oc['itl_per_token']['p99'])} ms; the p99 of our "
+                     f"request averages: {fmt(oc['itl_request_means']['p99'])} ms): it hides the stalls a user sees. ")
     return line.rstrip()
 
 

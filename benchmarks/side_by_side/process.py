@@ -26,23 +26,28 @@ from helpers.metrics import ServerView
 
 from .records import Target, ToolRun
 
-__all__ = ["tool_env", "TreeCPU", "run_tool", "window_cpu", "tail", "STARTUP_S"]
+__all__ = ["tool_env", "repo_on_path", "TreeCPU", "run_tool", "window_cpu", "tail", "STARTUP_S"]
 
 STARTUP_S = 5.0  # "the first seconds" of a run, when a client may still be starting up
 
 
 def tool_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     """The environment a tool runs in: offline, no usage reporting, plain unbuffered output, ``extra`` on top."""
-    from . import ROOT
-
     env = dict(os.environ)
     env.update({"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
                 "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "NO_COLOR": "1", "PYTHONUNBUFFERED": "1",
                 "TOKENIZERS_PARALLELISM": "false"})
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
     env.pop("FORCE_COLOR", None)
     env.update(extra or {})
     return env
+
+
+def repo_on_path() -> dict[str, str]:
+    """``PYTHONPATH`` with this repository first, for the tools that run this repository's code (ours, and the
+    ``vllm bench serve`` runner), whether or not the package is installed."""
+    from . import ROOT
+
+    return {"PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}
 
 
 class TreeCPU:

@@ -10,7 +10,7 @@ from typing import Any
 
 from helpers import bench
 
-from ..process import run_tool, window_cpu
+from ..process import repo_on_path, run_tool, window_cpu
 from ..records import Load, Req, Target, ToolRun
 
 __all__ = ["command", "parse", "run"]
@@ -57,7 +57,7 @@ def run(target: Target, load: Load, out: Path, round_: int) -> ToolRun:
 
     cmd = command(target, load, out, load.seed + round_)
     run = ToolRun("ours", round_, str(out), "python " + " ".join(cmd[1:]))
-    cpu = run_tool(run, target, cmd, out, load.timeout_s, ROOT, RESULT)
+    cpu = run_tool(run, target, cmd, out, load.timeout_s, ROOT, RESULT, env=repo_on_path())
     if cpu is not None:
         run.reqs, run.reported, run.extra = parse(out)
         window_cpu(run, cpu)

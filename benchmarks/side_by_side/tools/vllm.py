@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..process import run_tool, window_cpu
+from ..process import repo_on_path, run_tool, window_cpu
 from ..records import Load, Req, Target, ToolRun
 
 __all__ = ["args", "env", "parse", "run"]
@@ -83,7 +83,7 @@ def run(target: Target, load: Load, out: Path, round_: int) -> ToolRun:
     cmd = [sys.executable, "-m", "benchmarks.side_by_side.tools.vllm_cli", *a]
     run = ToolRun("vllm", round_, str(out), "vllm bench serve " + " ".join(a))
     mono_to_wall = time.time() - time.perf_counter()  # perf_counter is CLOCK_MONOTONIC, shared across processes
-    cpu = run_tool(run, target, cmd, out, load.timeout_s, ROOT, RESULT, env=env())
+    cpu = run_tool(run, target, cmd, out, load.timeout_s, ROOT, RESULT, env={**repo_on_path(), **env()})
     if cpu is not None:
         run.reqs, run.reported, run.extra = parse(out / RESULT, mono_to_wall)
         window_cpu(run, cpu)
