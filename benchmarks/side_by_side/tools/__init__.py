@@ -48,12 +48,17 @@ def prepare(tools: Sequence[str], log: Callable[[str], None] = print) -> tuple[l
 
 
 def run(tool: str, target: Target, load: Load, out: Path, round_: int, exes: dict[str, Path]) -> ToolRun:
-    """One run of ``tool`` at ``load`` against ``target``; its own files go to ``out``."""
+    """One run of ``tool`` at ``load`` against ``target``; its own files go to ``out``. A run in which no request
+    completed is a failed run, whatever the tool's exit code."""
     if tool == "ours":
-        return ours.run(target, load, out, round_)
-    if tool == "vllm":
-        return vllm.run(target, load, out, round_)
-    return _OWN_VENV[tool].run(target, load, out, round_, exes[tool])
+        run_ = ours.run(target, load, out, round_)
+    elif tool == "vllm":
+        run_ = vllm.run(target, load, out, round_)
+    else:
+        run_ = _OWN_VENV[tool].run(target, load, out, round_, exes[tool])
+    if run_.ok and not any(r.ok for r in run_.reqs):
+        run_.ok, run_.error = False, f"none of its {len(run_.reqs)} requests completed (see {out / 'tool.log'})"
+    return run_
 
 
 def versions(tools: Sequence[str]) -> dict[str, str | None]:
