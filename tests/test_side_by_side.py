@@ -142,6 +142,16 @@ def test_without_server_metrics_the_verdict_falls_back_to_plain_means():
     assert c["ttft"]["verdict_on"] == "raw" and c["ttft"]["rel_diff"] == pytest.approx(0.02, abs=1e-9)
 
 
+def test_a_request_without_a_record_is_counted_as_lost():
+    """GuideLLM 0.8.1 once ended a run with a request in flight and wrote 19 records for 20 requests."""
+    load = Load(rate=1.0, num_requests=20)
+    runs = [_run("ours", 0, 500.0, 100.0, 490.0, 99.0), _run("guidellm", 0, 505.0, 101.0, 493.0, 99.5, n=19)]
+    rep = compare.summarize_runs(runs, load, ["ours", "guidellm"])
+    assert rep["matched"]["guidellm"]["lost"] == 1 and rep["matched"]["ours"]["lost"] == 0
+    assert rep["lost_records"] == ["round 1 guidellm: its output holds 19 of the 20 requests it was asked to send; "
+                                   "the others left no record"]
+
+
 def test_bootstrap_ratio_interval_covers_the_ratio():
     lo, hi = compare.boot_ratio([100.0, 110.0, 90.0] * 20, [120.0, 132.0, 108.0] * 20)
     assert lo < 1.2 < hi and hi - lo < 0.2

@@ -17,7 +17,7 @@ from .process import STARTUP_S
 from .records import Load, Req, ToolRun, matched_metrics, mean, median, pct
 
 __all__ = ["TOLERANCE", "FIRST_K", "pooled", "boot_ratio", "compare_matched", "verdict", "reported_summary",
-           "chunking", "summarize_runs"]
+           "chunking", "lost", "summarize_runs"]
 
 TOLERANCE = 0.05
 FIRST_K = 5  # "the first requests" of a run
@@ -205,14 +205,23 @@ def _guidellm_tpot_check(runs: Sequence[ToolRun]) -> dict[str, Any]:
             "our_tpot_on_our_records": mean(r.tpot_ms for r in pooled(runs, "ours"))}
 
 
+def lost(run: ToolRun, load: Load) -> int:
+    """Requests the tool was asked to send but left no record of (neither completed nor failed)."""
+    return max(0, load.num_requests - len(run.reqs)) if run.ok else 0
+
+
 def summarize_runs(runs: Sequence[ToolRun], load: Load, tools: Sequence[str]) -> dict[str, Any]:
     """Every number the report shows, computed from the runs (nothing here reads a file or a server)."""
     tools = [t for t in tools if any(run.tool == t for run in runs)]
     server_cost = {t: _server_and_cost(runs, t) for t in tools}
+    matched = {t: {**matched_metrics(pooled(runs, t)), "lost": sum(lost(r, load) for r in runs if r.tool == t)}
+               for t in tools}
     return {
         "tools": tools,
         "reported": {t: reported_summary(runs, t) for t in tools},
-        "matched": {t: matched_metrics(pooled(runs, t)) for t in tools},
+        "matched": matched,
+        "lost_records": [f"round {r.round + 1} {r.tool}: its output holds {len(r.reqs)} of the {load.num_requests} "
+                         "requests it was asked to send; the others left no record" for r in runs if lost(r, load)],
         "comparison": {t: compare_matched(runs, t) for t in tools if t != "ours"},
         "chunking": {t: chunking(runs, t) for t in tools},
         "server": {t: server_cost[t][0] for t in tools},

@@ -275,6 +275,11 @@ def differences(rep: dict[str, Any]) -> list[str]:
         out.append(f"**E2E.** Ours, vLLM's and AIPerf's end at the last output chunk; GuideLLM's `request_latency` "
                    f"ends when the stream has closed, on average {fmt(ec['guidellm'], '.2f')} ms later on its records "
                    "(the final usage chunk and `[DONE]`), plus its later start stamp (first header write).")
+    if rep.get("lost_records"):
+        out.append("**Lost requests.** " + "; ".join(rep["lost_records"]) + ". A tool that ends its run while "
+                   "requests are still in flight and writes no record of them (GuideLLM 0.8.1 can: its "
+                   "`scheduler_state` then shows `processing_requests` > 0) reports fewer requests than it sent, "
+                   "and its latencies miss the last, often slowest, ones; nothing in its summary says so.")
     out.append(_cost(rep))
     out.append("**Prompts.** Prompt tokens per request as the server counted them: "
                + ", ".join(f"{fmt(srv[t].get('prompt_tokens_per_request'))} ({LABELS[t]})" for t in tools)

@@ -21,9 +21,9 @@ _REPORTED = [("TTFT mean", "ttft_mean"), ("TTFT p50", "ttft_p50"), ("TTFT p99", 
              ("TPOT mean", "tpot_mean"), ("TPOT p50", "tpot_p50"), ("ITL mean", "itl_mean"), ("ITL p50", "itl_p50"),
              ("ITL p99", "itl_p99"), ("E2E mean", "e2e_mean"), ("E2E p50", "e2e_p50"),
              ("output throughput (tok/s)", "output_throughput"), ("completed", "completed"), ("failed", "failed")]
-_MATCHED = [("requests completed", "n"), ("failed", "failed"), ("TTFT mean", "ttft_mean"), ("TTFT p50", "ttft_p50"),
-            ("TTFT p99", "ttft_p99"), ("TPOT mean", "tpot_mean"), ("TPOT p50", "tpot_p50"), ("E2E mean", "e2e_mean"),
-            ("E2E p50", "e2e_p50")]
+_MATCHED = [("requests completed", "n"), ("failed", "failed"), ("lost (no record)", "lost"),
+            ("TTFT mean", "ttft_mean"), ("TTFT p50", "ttft_p50"), ("TTFT p99", "ttft_p99"), ("TPOT mean", "tpot_mean"),
+            ("TPOT p50", "tpot_p50"), ("E2E mean", "e2e_mean"), ("E2E p50", "e2e_p50")]
 _SERVER = [("server TTFT mean (ms)", "ttft_mean"), ("server TPOT mean (ms)", "tpot_mean"),
            ("server ITL mean (ms)", "itl_mean"), ("server E2E mean (ms)", "e2e_mean"),
            ("server queue mean (ms)", "queue_mean"), ("server prefill mean (ms)", "prefill_mean")]
@@ -69,7 +69,7 @@ def _table2(rep: dict[str, Any]) -> list[str]:
          f"`{rep['sources']['vllm_stats']}`), and each client's mean over the server's.\n", *_header(tools)]
     for name, key in _MATCHED:
         base = rep["matched"]["ours"].get(key) if "ours" in rep["matched"] else None
-        cells = [str(rep["matched"][t].get(key)) if key in ("n", "failed") else
+        cells = [str(rep["matched"][t].get(key)) if key in ("n", "failed", "lost") else
                  fmt(rep["matched"][t].get(key)) + (_rel(rep["matched"][t].get(key), base) if t != "ours" else "")
                  for t in tools]
         L.append(f"| {name} | " + " | ".join(cells) + " |")
@@ -192,6 +192,7 @@ def render_markdown(rep: dict[str, Any]) -> str:
          f"{rep['elapsed_s'] / 60:.1f} min in all.\n"]
     L += [f"> **Note**: {n}\n" for n in rep["notes"]]
     L += [f"> **Failed run**: {f}\n" for f in rep["failed_runs"]]
+    L += [f"> **Lost requests**: {f}\n" for f in rep.get("lost_records", [])]
     agree = f"**agree within {rep['tolerance']:.0%}**" if rep["passed"] else \
         f"**do NOT all agree within {rep['tolerance']:.0%}**"
     L.append(f"On the definitions they share (TTFT mean and TPOT mean, recomputed from each tool's per-request "
@@ -222,7 +223,8 @@ def charts(rep: dict[str, Any]) -> dict[str, Any]:
     if not ratio.empty:
         out["Client mean over server mean, each run"] = alt.Chart(ratio).mark_point(filled=True, size=80).encode(
             x=alt.X("client / server:Q", scale=alt.Scale(zero=False)), y=alt.Y("tool:N", title=None),
-            color="tool:N", shape="round:N", row=alt.Row("metric:N", title=None)).properties(width=480)
+            color="tool:N", shape="round:N", row=alt.Row("metric:N", title=None)).properties(width=480
+        ).resolve_scale(x="independent")
     if not ttft.empty:
         out["TTFT distribution per tool"] = alt.Chart(ttft).transform_window(
             cdf="cume_dist()", sort=[{"field": "TTFT (ms)"}], groupby=["tool"]).mark_line(interpolate="step-after"

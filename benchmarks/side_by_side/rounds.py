@@ -51,7 +51,9 @@ def side_by_side(target: Target, load: Load, out: Path, rounds: int = 3, tools: 
             log(f"round {rnd + 1}/{total}: {_tools.LABELS[tool]} ...")
             run = _tools.run(tool, target, load, d, rnd, exes)
             m = run.matched
-            log(f"  {'ok' if run.ok else 'FAILED'}: {m['n']} completed, {m['failed']} failed, TTFT mean "
+            lost = compare.lost(run, load)
+            log(f"  {'ok' if run.ok else 'FAILED'}: {m['n']} completed, {m['failed']} failed"
+                + (f", {lost} lost (no record)" if lost else "") + ", TTFT mean "
                 f"{_fmt(m['ttft_mean'])} ms, TPOT mean {_fmt(m['tpot_mean'])} ms (server: "
                 f"{_fmt(run.server_mean('ttft'))}, {_fmt(run.server_mean('tpot'))}), {run.wall_s or 0:.0f} s"
                 + (f"\n  {run.error}" if run.error else ""))
