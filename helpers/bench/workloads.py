@@ -103,6 +103,13 @@ class TokenCounter:
     def content(self, text: str) -> int:
         return len(self.tok.encode(text, add_special_tokens=False))
 
+    def _singles(self) -> np.ndarray | None:
+        """The words that are one token after a space (``None`` if there are none), found once."""
+        if not hasattr(self, "_single_words"):
+            ones = [w for w in self.words[:4000] if len(self.tok.encode(" " + w, add_special_tokens=False)) == 1]
+            self._single_words = np.array(ones) if ones else None
+        return self._single_words
+
     def completion(self, text: str) -> int:
         return len(self.tok.encode(text, add_special_tokens=True))
 
@@ -125,7 +132,7 @@ class TokenCounter:
         if n <= 0:
             raise ValueError(f"a prompt needs at least 1 token, got {n}")
         words = list(rng.choice(self.words, size=n))
-        for _ in range(200):
+        for _ in range(400):
             text = lead + " ".join(words)
             c = count(text)
             if c == n:
@@ -133,9 +140,12 @@ class TokenCounter:
             if c > n:
                 if not words:
                     break
-                words = words[:-max(1, c - n)]
+                # Words of several tokens: drop half the excess in words, then one at a time, never far below n.
+                words = words[:-max(1, (c - n) // 2)]
             else:
-                words += list(rng.choice(self.words, size=n - c))
+                # Close to n, words of one token each close the gap exactly (a small vocabulary has few of them).
+                singles = self._singles() if n - c <= 4 else None
+                words += list(rng.choice(singles if singles is not None else self.words, size=n - c))
         raise ValueError(f"could not write a text of exactly {n} tokens (lead {lead!r}); the lead alone may be "
                          "longer than that")
 
