@@ -200,6 +200,7 @@ class Dispatcher:
                        wall_anchor=self.wall_anchor)
 
     def _finish(self, res: RequestResult) -> None:
+        res.meta["worker"] = self.worker  # which loop sent it (0 in-process)
         self.finished += 1
         self.chunks += len(res.timings.chunk_times)
         self.on_record(res)

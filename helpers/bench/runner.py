@@ -429,6 +429,7 @@ def _finish(h: Harness, config: dict[str, Any], planned: list[Request], slo: SLO
     config["versions"]["server"] = h.server_version
     config["finished"] = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     config["status"] = "interrupted" if interrupted else "complete"
+    config["start_perf_counter"] = h.t0  # the schedule's time 0 (every worker's, on the one monotonic clock)
     if config["command"] is None:
         config["command_note"] = ("the workload was a Workload built in Python, which the CLI cannot express: "
                                   "rebuild it and call bench.run with the parameters above")

@@ -245,8 +245,13 @@ class Remeasure:
 
 def _judge(r: Any, mode: str, metric: str, q: float, target: float, slo: SLO, max_failure_rate: float,
            seed: int) -> tuple[str, float | None, tuple[float, float] | None, list[str], bool]:
-    """A probe's decision from its run: (decision, value, ci, reasons, worth repeating)."""
+    """A probe's decision from its run: (decision, value, ci, reasons, worth repeating).
+
+    The quantile's interval is the bootstrap one the summary reports (``p99_ci``). For a high quantile it cannot
+    reach above the largest value measured, so with few requests a pass says that (nearly) every request met the
+    target; more requests per probe make it say more."""
     s = r.summary
+    capped = bool((getattr(r, "config", None) or {}).get("arrivals", {}).get("max_in_flight"))
     window = steady_state_window(r.records)
     if mode == "attainment":
         judged = window_records(r.records, window)
@@ -270,11 +275,11 @@ def _judge(r: Any, mode: str, metric: str, q: float, target: float, slo: SLO, ma
     if s.failure_rate > max_failure_rate:
         reasons.append(f"{s.failure_rate:.1%} of requests failed")
     cq = s.client_queue_ms.p99
-    if mode == "quantile" and cq is not None and cq > 0.1 * target:
-        reasons.append(f"client fell behind its schedule (client queue p99 {cq:.1f} ms)")
+    if mode == "quantile" and capped and cq is not None and cq > 0.1 * target:
+        reasons.append(f"requests waited for the max_in_flight cap (client queue p99 {cq:.1f} ms)")
     if reasons:
         return "fail", value, ci, [where, *reasons], False
-    if not getattr(s, "valid", True):
+    if not getattr(s, "valid", True):  # the client, not the server, set these numbers: they decide nothing
         return "undecided", value, ci, [where, f"invalid run: {s.invalid_reason}"], False
     if good_side:
         return "pass", value, ci, [where], False
@@ -313,9 +318,10 @@ def find_max_rate(
     run's steady-state window.
 
     A probe **passes** when its whole interval is on the good side of the target, **fails** when it is wholly on
-    the bad side (or more than ``max_failure_rate`` of requests failed, or the client fell behind its schedule),
-    and is otherwise **rerun** with twice the duration, up to ``max_repeats`` times, then recorded ``undecided``. An
-    invalid run (the client was the bottleneck) is ``undecided`` too. Only passes count as passing.
+    the bad side (or more than ``max_failure_rate`` of requests failed, or requests waited for an explicit
+    ``max_in_flight`` cap for over 10% of the target), and is otherwise **rerun** with twice the duration, up to
+    ``max_repeats`` times, then recorded ``undecided``. An invalid run (the client was the bottleneck, e.g. it fell
+    behind its schedule) is ``undecided`` and not rerun. Only passes count as passing.
 
     Bracketing then bisection: from ``start_rate`` double while probes pass (halve while they do not) until a pass
     and a non-pass bracket the answer, then bisect until the bracket is within ``rel_tol`` of the passing rate, or

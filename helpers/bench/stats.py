@@ -116,7 +116,9 @@ def wilson_interval(successes: int, n: int, z: float = 1.959964) -> tuple[float,
     denom = 1 + z * z / n
     centre = (p + z * z / (2 * n)) / denom
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
-    return (max(0.0, centre - half), min(1.0, centre + half))
+    lo = 0.0 if successes <= 0 else max(0.0, centre - half)
+    hi = 1.0 if successes >= n else min(1.0, centre + half)  # exact at the ends, where rounding would miss them
+    return (lo, hi)
 
 
 def pooled_itl_median(records: Iterable[RequestResult], n_boot: int = _N_BOOT,
