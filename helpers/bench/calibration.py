@@ -41,7 +41,6 @@ import random
 import shutil
 import signal
 import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -498,63 +497,87 @@ def serve(cfg: CalibrationConfig, host: str = "127.0.0.1", port: int = 0, use_uv
     asyncio.run(_serve_async(cfg, host, port, shared))
 
 
-def _die_with_parent() -> None:  # runs in a child between fork and exec
-    with contextlib.suppress(Exception):
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-
-
 def supervise(cfg: CalibrationConfig, host: str = "127.0.0.1", port: int = 0, use_uvloop: bool = True,
               state_dir: str | None = None, startup_timeout_s: float = 60.0) -> int:
     """Run ``cfg.processes`` serving processes on one port (``SO_REUSEPORT``) and watch them: when one exits, stop
-    the others and exit. They share ``state_dir`` (a temporary folder if none): their truth and their metrics.
+    the others and exit. They are forked from this process (already past its imports, and holding no thread or
+    event loop), share ``state_dir`` (a temporary folder if none) for their truth and their metrics, and die with
+    it.
 
     Introduced in lab 10 (Load Testing Honestly).
     """
     own_dir = state_dir is None
     folder = Path(state_dir or tempfile.mkdtemp(prefix="calibration-"))
     (folder / "prometheus").mkdir(parents=True, exist_ok=True)
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(folder / "prometheus")
     holder = socket.socket(socket.AF_INET, socket.SOCK_STREAM)  # holds the port (bound, never listening)
     holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     holder.bind((host, port))
     port = holder.getsockname()[1]
-    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(folder / "prometheus")}
-    cmd = [sys.executable, "-c", _SELF, "--host", host, "--port", str(port), "--state-dir", str(folder),
-           *cfg.cli_args()]
-    if not use_uvloop:
-        cmd.append("--no-uvloop")
-    children = [subprocess.Popen([*cmd, "--process-index", str(k)], env=env, preexec_fn=_die_with_parent)
-                for k in range(cfg.processes)]
+    children: list[int] = []
+    for k in range(cfg.processes):
+        pid = os.fork()
+        if pid == 0:  # a serving process
+            code = 1
+            try:
+                holder.close()
+                _child_setup()
+                serve(cfg, host, port, use_uvloop=use_uvloop, shared=_Shared(str(folder), k))
+                code = 0
+            finally:
+                os._exit(code)
+        children.append(pid)
 
     def end(*_: Any) -> None:
-        for c in children:
-            if c.poll() is None:
-                c.terminate()
-        for c in children:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                c.wait(timeout=5)
+        for pid in children:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+        for pid in children:
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, 0)
+        children.clear()
         holder.close()
         if own_dir:
             shutil.rmtree(folder, ignore_errors=True)
 
-    signal.signal(signal.SIGTERM, lambda *a: (end(), sys.exit(0)))
+    def exited() -> int | None:
+        for pid in children:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                children.remove(pid)
+                return os.waitstatus_to_exitcode(status)
+        return None
+
+    signal.signal(signal.SIGTERM, lambda *a: sys.exit(0))
     try:
         deadline = time.monotonic() + startup_timeout_s
         while len(list(folder.glob("ready-*"))) < cfg.processes:
-            if any(c.poll() is not None for c in children) or time.monotonic() > deadline:
+            if exited() is not None or time.monotonic() > deadline:
                 print(f"calibration: only {len(list(folder.glob('ready-*')))} of {cfg.processes} processes started",
                       file=sys.stderr, flush=True)
                 return 1
-            time.sleep(0.05)
+            time.sleep(0.02)
         print(f"{_READY}{port} processes={cfg.processes}", flush=True)
-        while all(c.poll() is None for c in children):
+        while (code := exited()) is None:
             time.sleep(0.1)
-        return next(c.returncode for c in children if c.returncode is not None) or 0
+        return code
     except KeyboardInterrupt:
         return 0
     finally:
         end()
+
+
+def _child_setup() -> None:
+    """In a forked serving process: die with the supervisor, default signals, multiprocess metrics."""
+    with contextlib.suppress(Exception):
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    from prometheus_client import values
+
+    values.ValueClass = values.get_value_class()  # imported before PROMETHEUS_MULTIPROC_DIR was set
 
 
 # ------------------------------------------------------------------------- context manager

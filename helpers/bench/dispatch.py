@@ -139,6 +139,8 @@ class Dispatcher:
                 req = await next_request()
                 if req is None or self.stopping is not None:
                     return
+                if deadline is not None and time.perf_counter() >= deadline:
+                    return  # the time ran out while it waited for a request: it is not sent
                 await self._one(session, req, t_free)
 
         slots = {asyncio.create_task(slot()) for _ in range(max(1, concurrency))}

@@ -107,6 +107,7 @@ class Harness:
         self._main: asyncio.Task | None = None
         self._local_feed: asyncio.Queue | None = None
         self._fed = 0
+        self._feeding = False  # from just before the measured phase (workers may take a while to start)
         self._feed_closed = supply is None
         self._lock = threading.RLock()  # the calling thread and the harness thread both feed
 
@@ -191,7 +192,7 @@ class Harness:
 
     def _feed_more(self) -> None:
         with self._lock:
-            if self._feed_closed or self.supply is None or self.t0 is None:
+            if self._feed_closed or self.supply is None or not self._feeding:
                 return
             deadline = self.deadline
             if self.death is not None or (deadline is not None and time.perf_counter() >= deadline):
@@ -272,6 +273,7 @@ class Harness:
             phase = disp.open_loop(session, self.requests, self.t0, getattr(self.arrivals, "max_in_flight", None))
         else:
             self._local_feed = asyncio.Queue()
+            self._feeding = True
             self._feed_more()
             phase = disp.closed_loop(session, self._local_feed.get, self.concurrency, self.t0, self.deadline)
         self.health = [await disp.measure(phase)]
@@ -280,7 +282,7 @@ class Harness:
         pool = self.pool
         assert pool is not None
         if not pool.open_loop:
-            self.t0 = time.perf_counter()  # provisional, so that the first requests are fed before the start
+            self._feeding = True  # the first requests wait in the queue while the workers start
             self._feed_more()
         self.t0 = await asyncio.to_thread(pool.begin)
         await asyncio.to_thread(pool.collect)

@@ -21,6 +21,7 @@ is unsafe), as daemons that also stop when their parent disappears.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import multiprocessing as mp
 import os
@@ -150,7 +151,7 @@ def _queue_source(jobs: Any, loop: asyncio.AbstractEventLoop, prefetch: int):
             item = jobs.get()
             try:
                 asyncio.run_coroutine_threadsafe(local.put(item), loop).result()
-            except RuntimeError:  # the loop closed: the worker is ending
+            except (RuntimeError, concurrent.futures.CancelledError):  # the loop closed: the worker is ending
                 return
             if item is None:
                 return
