@@ -21,7 +21,8 @@ def test_report_from_two_searches(tmp_path):
             # This machine is shared: a stall of the client's loop would make a probe invalid (undecided). The
             # report, not the client's health, is under test here, so the client is allowed 100 ms of lag.
             res = find_max_rate(spec, slo, start_rate=20, max_runs=5, max_repeats=0, rel_tol=0.3, duration_s=1.5,
-                                min_requests=30, base_url=cal.base_url, out=False, progress=False, sample_interval_s=0.5,
+                                min_requests=30, base_url=cal.base_url, out=False, progress=False,
+                                sample_interval_s=0.5,
                                 client_limits=ClientLimits(lag_p99_ms=100, slip_p99_ms=100))
         configs.append(ConfigResult.from_search(name, {"max_concurrency": slots}, res, slo,
                                                 server_command=f"calibration --max-concurrency {slots}",

@@ -10,16 +10,20 @@
     print(res)                   # summary table; res.df one row per request; res.summary.ttft_ms.p99
     bench.charts.cdf(res, "ttft")
 
+    big = bench.run(wl, bench.Poisson(rate=200), base_url=srv, duration_s=60, workers="auto")
+    big.summary.valid            # False when the client, not the server, set the numbers (invalid_reason says how)
+    best = bench.find_max_rate(wl, bench.SLO(ttft_ms=500, tpot_ms=50), attainment=0.9, base_url=srv)
+
 ``python -m helpers.bench run ...`` does the same from a shell; ``python -m helpers.bench.calibration``
 starts a server with known latencies to check any load generator against.
 
-Modules, leaves first (each imports only those above it): ``records`` (typed request records; every metric
+Modules, leaves first (each imports only those before it): ``records`` (typed request records; every metric
 defined once) -> ``arrivals``, ``workloads`` (+ ``lengths``, ``conversations``, ``traces``), ``client``,
 ``health`` (is the client the bottleneck?) -> ``dispatch`` (sending from one event loop) -> ``workers`` (from
-several processes) -> ``stats`` (distributions, windows, the two goodputs; no files) -> ``store`` (a run's folder;
-:class:`RunResult`; :func:`load_run`) -> ``charts`` -> ``harness`` (a run's thread) -> ``runner`` (:func:`run`)
+several processes); ``stats`` (distributions, windows, the two goodputs; no files) -> ``store`` (a run's folder;
+:class:`RunResult`; :func:`load_run`) -> ``charts``; ``harness`` (a run's thread) -> ``runner`` (:func:`run`)
 -> ``batching`` (static batches, for comparison), ``search`` (:func:`sweep`, :func:`find_max_rate`) -> ``report``
-(the Phase 2 artifact). ``calibration`` stands apart (a server with known latencies, started as subprocesses).
+(the Phase 2 artifact). ``calibration`` stands apart (a server with known latencies, on one or N processes).
 """
 
 from . import charts

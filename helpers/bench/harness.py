@@ -16,6 +16,7 @@ The calling thread also watches the server's process, when it has one: a server 
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 import threading
 import time
@@ -24,7 +25,7 @@ from typing import Any, Callable
 from .. import metrics as _metrics
 from .arrivals import Arrivals
 from .client import ClientConfig, make_session
-from .dispatch import Dispatcher, list_source
+from .dispatch import Dispatcher, list_source, run_loop
 from .health import LoopHealth
 from .records import Request, RequestResult
 from .store import RunFolder
@@ -52,6 +53,14 @@ class Supply:
     def exhausted(self) -> bool:
         return not self._first and self._more is None
 
+    @property
+    def finite(self) -> bool:
+        return self._more is None
+
+    @property
+    def remaining(self) -> int:
+        return len(self._first)
+
     def take(self, k: int) -> list[Request]:
         out = self._first[:k]
         self._first = self._first[k:]
@@ -59,15 +68,6 @@ class Supply:
             out += self._more(k - len(out))
         self.given += out
         return out
-
-
-def _run_loop(coro: Any) -> Any:
-    with contextlib.suppress(ImportError):
-        import uvloop
-
-        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-            return runner.run(coro)
-    return asyncio.run(coro)
 
 
 class Harness:
@@ -82,6 +82,7 @@ class Harness:
                  cfg: ClientConfig, folder: RunFolder | None, server_metrics: bool, sample_interval_s: float,
                  concurrency: int, workers: int = 1, duration_s: float | None = None):
         self.requests, self.supply, self.warmup, self.arrivals, self.cfg = requests, supply, warmup, arrivals, cfg
+        self._offsets = sorted(float(r.send_offset_s or 0.0) for r in requests)
         self.folder = folder
         self.server_metrics, self.sample_interval_s = server_metrics, sample_interval_s
         self.concurrency, self.workers, self.duration_s = concurrency, workers, duration_s
@@ -126,8 +127,7 @@ class Harness:
             return self._fed
         if self.t0 is None:
             return 0
-        now = time.perf_counter() - self.t0
-        return sum(1 for r in self.requests if (r.send_offset_s or 0.0) <= now)
+        return bisect.bisect_right(self._offsets, time.perf_counter() - self.t0)
 
     # -- thread plumbing -----------------------------------------------------------------------
     def start(self) -> threading.Thread:
@@ -150,7 +150,7 @@ class Harness:
 
     def _thread_main(self) -> None:
         try:
-            _run_loop(self._amain())
+            run_loop(self._amain())
         except BaseException as e:  # noqa: BLE001 - handed to the calling thread
             self.error = e
         finally:
@@ -198,7 +198,11 @@ class Harness:
             if self.death is not None or (deadline is not None and time.perf_counter() >= deadline):
                 self._close_feed()
                 return
-            want = 2 * self.concurrency + 16 - (self._fed - self.done)
+            # A finite list goes in at once; built-as-needed requests keep a backlog of a few rounds of slots.
+            if self.supply.finite:
+                want = self.supply.remaining
+            else:
+                want = 4 * self.concurrency + 64 - (self._fed - self.done)
             if want > 0:
                 self._put(self.supply.take(want))
             if self.supply.exhausted:

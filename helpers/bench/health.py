@@ -89,7 +89,8 @@ class ClientLimits:
     - its schedule slip p99 exceeds ``max(slip_p99_ms, slip_share_of_ttft x TTFT p50)``, or
     - it used more than ``cpu_share`` of a core.
 
-    The shares make the limit follow what is measured (TTFT p50 of the run itself).
+    The shares make the limit follow what is measured: the run's TTFT as the server reports it (``/metrics``), or
+    the client's TTFT p50 when the server reports none.
 
     Introduced in lab 10 (Load Testing Honestly).
     """

@@ -570,6 +570,12 @@ class Summary:
         if self.failed:
             lines.append(f"percentiles are over the completed requests; the {self.failed} failed ones are not in "
                          "them (see goodput).")
+        if self.client:
+            c = self.client
+            lag, slip = _f(c.get("loop_lag_p99_ms"), ".1f"), _f(c.get("slip_p99_ms"), ".1f")
+            cpu = _f((c.get("cpu_utilization") or 0) * 100, ".0f")
+            lines.append(f"client: {c.get('workers', 1)} sending loop(s); event-loop lag p99 {lag} ms, schedule slip "
+                         f"p99 {slip} ms, CPU {cpu}% of a core (the busiest loop)")
         for w in self.warnings:
             lines.append(f"warning: {w}")
         return "\n".join(lines)

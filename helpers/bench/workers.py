@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import contextlib
 import multiprocessing as mp
 import os
 import queue
@@ -33,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from .client import ClientConfig, make_session
-from .dispatch import Dispatcher
+from .dispatch import Dispatcher, run_loop
 from .health import LoopHealth
 from .records import Request, RequestResult
 
@@ -81,7 +80,7 @@ def _worker_main(plan: WorkerPlan, results: Any, jobs: Any, go: Any, stop: Any, 
     """A worker process's body: send its share, stream each record to the parent, report its health."""
     try:
         coro = _worker_async(plan, results, jobs, go, stop, t0, parent)
-        health = _run_loop(coro, plan.use_uvloop)
+        health = run_loop(coro) if plan.use_uvloop else asyncio.run(coro)
         results.put(("health", plan.index, health))
     except BaseException:  # noqa: BLE001 - whatever it was, the parent must hear of it
         results.put(("error", plan.index, traceback.format_exc()))
@@ -92,16 +91,6 @@ def _worker_main(plan: WorkerPlan, results: Any, jobs: Any, go: Any, stop: Any, 
             results.join_thread()  # every record is in the pipe before the process ends
         else:
             results.cancel_join_thread()  # nobody is reading any more
-
-
-def _run_loop(coro: Any, use_uvloop: bool) -> Any:
-    if use_uvloop:
-        with contextlib.suppress(ImportError):
-            import uvloop
-
-            with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-                return runner.run(coro)
-    return asyncio.run(coro)
 
 
 async def _worker_async(plan: WorkerPlan, results: Any, jobs: Any, go: Any, stop: Any, t0: Any,
