@@ -48,9 +48,10 @@ from .workloads import Workload, WorkloadSpec
 __all__ = ["run", "reconcile", "Target", "target_of", "in_notebook", "choose_workers", "WORKER_CHUNKS_PER_S",
            "STREAM_CHUNKS_PER_S"]
 
-#: Token-carrying chunks per second planned per sending process: half of what one core parses. benchmarks/
-#: harness_capacity.py measured the sending loop at 140-270 ms of CPU per 1,000 chunks (16-token streams, uvloop,
-#: per-request costs included), about 5,000 chunks per CPU-second; half leaves the loop idle enough to stay punctual.
+#: Token-carrying chunks per second planned per sending process: about half of what one core parses.
+#: benchmarks/harness_capacity.py measured the sending loop at 90-270 ms of CPU per 1,000 chunks (16-token streams,
+#: uvloop, per-request costs included; fewer at higher rates, where reads batch), i.e. 4,000-8,000 chunks per
+#: CPU-second; planning half of ~5,000 leaves the loop idle enough to stay punctual.
 WORKER_CHUNKS_PER_S = 2500.0
 #: The stated rule for a closed loop, whose rate the server sets: each stream is assumed to deliver up to this many
 #: chunks per second (a fast GPU decodes about 100 tokens/s per sequence, one chunk each).
