@@ -166,6 +166,8 @@ def test_a_dead_server_ends_the_run_and_every_record_is_kept(tmp_path, workers):
         ended = time.perf_counter()
         watcher.join(timeout=5)
     assert "t" in when, "the server was never killed"
+    print(f"\nworkers={workers}: the run ended {ended - when['t']:.2f} s after the kill; "
+          f"{res.summary.server_death}")
     assert ended - when["t"] < 8.0, f"the run went on {ended - when['t']:.1f} s after the server died"
     config = json.loads((out / "config.json").read_text())
     death = res.summary.server_death
