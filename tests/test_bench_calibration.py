@@ -76,9 +76,11 @@ def test_reports_the_known_truth(truth_run):
     assert s.tpot_ms.p50 == pytest.approx(TPOT_S * 1000, rel=0.03)
     assert s.itl_ms.mean == pytest.approx(s.tpot_ms.mean, rel=1e-6)
     assert s.itl_ms.p50 == pytest.approx(TPOT_S * 1000, rel=0.1)
-    assert s.itl_ms.count == 90 * (N_OUT - 1)
-    per_chunk = [b - a for r in res.records for a, b in zip(r.timings.chunk_times, r.timings.chunk_times[1:])]
-    assert np.median(per_chunk) * 1000 == pytest.approx(K * TPOT_S * 1000, rel=0.1)  # what a per-chunk ITL shows
+    assert s.whole_run.itl_ms.count == 90 * (N_OUT - 1)  # every token after the first, ramp-up and drain included
+    assert s.itl_ms.count == (N_OUT - 1) * s.ttft_ms.count  # the steady-state window's requests only
+    # per chunk (vllm bench serve's ITL): one value per chunk after the first, 3 tokens x 8 ms apart
+    assert s.whole_run.itl_per_chunk_ms.count == 90 * 5  # 16 tokens: a first chunk of 1, then 5 chunks of 3
+    assert s.itl_per_chunk_ms.p50 == pytest.approx(K * TPOT_S * 1000, rel=0.1)
     assert s.e2e_ms.p50 == pytest.approx((TTFT_S + (N_OUT - 1) * TPOT_S) * 1000, rel=0.03)
     # per request, against the server's own record of what it actually did
     gaps = np.array([r.ttft_ms - truth[r.id]["ttft_s"] * 1000 for r in res.records])
@@ -158,7 +160,7 @@ def test_failures_are_counted_with_their_errors():
     assert s.failed == http500 + aborted and s.completed == 60 - s.failed
     assert s.errors.get("HTTP 500: injected error (calibration server)") == http500
     assert sum(v for k, v in s.errors.items() if not k.startswith("HTTP 500")) == aborted
-    assert s.ttft_ms.count == s.completed  # percentiles over completed requests, failures beside them
+    assert s.whole_run.ttft_ms.count == s.completed  # percentiles over completed requests, failures beside them
     assert all(r.http_status == 500 for r in res.records if r.error and r.error.startswith("injected"))
     # a server without /metrics: a note, and the run went on
     assert s.server.available is False and "no server metrics" in s.server.note
@@ -258,4 +260,4 @@ def test_cli_run_and_summarize(cal, tmp_path, capsys):
     capsys.readouterr()
     assert main(["summarize", str(out), "--slo-ttft-ms", "61"]) == 0
     text = capsys.readouterr().out
-    assert "goodput (TTFT <= 61 ms)" in text and "completed" in text
+    assert "goodput at this load (TTFT <= 61 ms)" in text and "completed" in text

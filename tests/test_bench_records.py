@@ -1,4 +1,5 @@
-"""Unit tests of the benchmark's definitions, on hand-built timings and byte streams (no server, fast)."""
+"""Unit tests of the benchmark's definitions, on hand-built timings and byte streams (no server, fast): metrics,
+windows, the two goodputs, the verdict on the client, arrivals, how load is split over workers."""
 
 from __future__ import annotations
 
@@ -9,10 +10,14 @@ import types
 import numpy as np
 import pytest
 
-from helpers.bench import (SLO, Poisson, ConstantRate, Concurrent, RequestResult, StreamParser, Timings,
-                           bootstrap_quantile, compare, goodput, itl_values, make_arrivals, pooled_itl_median,
-                           steady_state_window, summarize)
+from helpers.bench import (SLO, ClientLimits, Concurrent, ConstantRate, LoopHealth, Poisson, Ramp, RequestResult,
+                           StreamParser, Timings, bootstrap_quantile, chunk_gaps, choose_workers, compare, goodput,
+                           itl_values, make_arrivals, pooled_itl_median, quantile_with_ci, steady_state_window,
+                           summarize, wilson_interval)
+from helpers.bench.health import client_report, judge
 from helpers.bench.records import Request
+from helpers.bench.runner import STREAM_CHUNKS_PER_S, WORKER_CHUNKS_PER_S
+from helpers.bench.workers import deal, split_evenly
 
 
 def result(rid="0", dispatch=10.0, chunks=((10.1, 1), (10.2, 1)), ok=True, scheduled=None, warmup=False,
@@ -292,3 +297,147 @@ def test_poisson_is_seeded_with_the_right_rate_and_constant_is_even():
     with pytest.raises(ValueError, match="need a rate"):
         make_arrivals("constant")
     assert math.isclose(Poisson(rate=2).offsets(2)[1], Poisson(rate=2).offsets(3)[1])
+
+
+# ------------------------------------------------------------------------- ITL per chunk, windowed latencies
+def test_itl_per_chunk_is_one_gap_per_chunk_after_the_first():
+    r = result(dispatch=0.0, chunks=((0.2, 2), (0.29, 3), (0.32, 1)))
+    assert r.itl_per_chunk_ms == pytest.approx([90.0, 30.0])  # vllm bench serve's ITL: per chunk, whatever it carried
+    assert r.itl_ms == pytest.approx([0.0, 30.0, 30.0, 30.0, 30.0])  # ours: per token
+    assert chunk_gaps([1.0, 1.5, 1.75]) == pytest.approx([0.5, 0.25])
+    assert result(ok=False, chunks=((10.3, 1), (10.4, 1))).itl_per_chunk_ms == []
+    s = summarize([r])
+    assert s.itl_per_chunk_ms.count == 2 and s.itl_ms.count == 5
+    assert s.as_dict()["itl_per_chunk_ms"]["count"] == 2
+
+
+def ramped_records(n=40, ramp=5):
+    """1 request/s of ~6 s each; the first `ramp` requests (while the server fills up, within the first median E2E)
+    have TTFT 900 ms, the rest 100 ms."""
+    recs = []
+    for i in range(n):
+        ttft = 0.9 if i < ramp else 0.1
+        recs.append(result(rid=str(i), dispatch=float(i), chunks=[(i + ttft, 1), (i + ttft + 6.0, 1)]))
+    return recs
+
+
+def test_latencies_count_the_requests_dispatched_in_the_steady_state_window():
+    recs = ramped_records()
+    s = summarize(recs)
+    w = s.window
+    assert w.method == "steady-state"
+    inside = [r for r in recs if w.start <= r.timings.t_dispatched <= w.end]
+    assert s.ttft_ms.count == len(inside) < len(recs)
+    assert s.ttft_ms.max == pytest.approx(100.0)  # ramp-up excluded: none of the 900 ms requests
+    assert s.whole_run.ttft_ms.count == len(recs) and s.whole_run.ttft_ms.max == pytest.approx(900.0)
+    assert f"the {len(inside)} of {len(recs)} requests dispatched in the steady-state window" in s.latency_scope
+    assert "latencies:" in s.table()
+    d = s.as_dict()
+    assert d["whole_run"]["ttft_ms"]["count"] == len(recs) and d["ttft_ms"]["count"] == len(inside)
+    json.dumps(d)
+    assert compare(recs, recs).n_a == len(inside)  # compare uses the same requests as the summary
+    assert compare(recs, recs, whole_run=True).n_a == len(recs)
+
+
+def test_short_runs_keep_their_percentiles_over_every_request_and_say_so():
+    recs = steady_records(n=5)
+    s = summarize(recs)
+    assert s.window.method == "whole-span"
+    assert s.ttft_ms.count == s.whole_run.ttft_ms.count == 5 and s.ttft_ms.p99 is not None
+    assert "the window fell back to the whole span" in s.latency_scope
+
+
+# ----------------------------------------------------------------------------- the two goodputs
+def test_goodput_at_load_and_attainment_with_its_interval():
+    recs = ramped_records()
+    g = goodput(recs, SLO(ttft_ms=200))
+    assert g.goodput_at_load == g.goodput_rps
+    judged = [r for r in recs if summarize(recs).window.contains(r.timings.t_dispatched)]
+    assert g.attainment == pytest.approx(1.0) and g.attainment_n == len(judged)  # ramp-up excluded
+    assert g.fraction_good == pytest.approx(35 / 40)  # over every request
+    lo, hi = g.attainment_ci
+    assert lo < 1.0 == hi
+    s = summarize(recs, slo=SLO(ttft_ms=200))
+    assert s.goodput is s.goodput_at_load  # the older name
+    d = s.as_dict()
+    assert d["goodput"] == d["goodput_at_load"] and d["goodput_at_load"]["attainment"] == pytest.approx(1.0)
+
+
+def test_wilson_interval_matches_known_values():
+    lo, hi = wilson_interval(9, 10)
+    assert (lo, hi) == (pytest.approx(0.5958, abs=1e-3), pytest.approx(0.9821, abs=1e-3))
+    assert wilson_interval(0, 20)[0] == 0.0 and wilson_interval(20, 20)[1] == 1.0
+    assert wilson_interval(0, 0) is None
+    value, ci = quantile_with_ci(list(range(1, 101)), 0.5)
+    assert value == pytest.approx(50.5) and ci[0] < 50.5 < ci[1]
+
+
+# ------------------------------------------------------------------------------ the client's health
+def loop(worker=0, lag_p99=1.0, slip_p99=1.0, cpu=0.2, wall=10.0):
+    return LoopHealth(worker=worker, requests=100, chunks=1000, cpu_s=cpu * wall, wall_s=wall, lag_samples=100,
+                      lag_p99_ms=lag_p99, slip_samples=100, slip_p99_ms=slip_p99)
+
+
+def test_the_client_is_judged_against_limits_that_follow_the_measured_latency():
+    assert judge([loop()], ttft_p50_ms=50.0) is None
+    why = judge([loop(lag_p99=25.0)], ttft_p50_ms=50.0)
+    assert "event loop lagged (p99 25.0 ms > 10.0 ms)" in why and "busy with something else" in why
+    assert judge([loop(lag_p99=25.0)], ttft_p50_ms=2000.0) is None  # 25 ms next to a 2 s TTFT: within 5%
+    why = judge([loop(), loop(worker=1, slip_p99=40.0, cpu=0.97)], ttft_p50_ms=50.0)
+    assert "worker 1 sent late" in why and "worker 1 used 97% of a core" in why and "more client processes" in why
+    assert "worker 0" not in why
+    assert judge([loop(lag_p99=5.0)], 50.0, ClientLimits(lag_p99_ms=2.0)) is not None
+    rep = client_report([loop(lag_p99=3.0), loop(worker=1, lag_p99=7.0, cpu=0.5)], requests=200)
+    assert rep["workers"] == 2 and rep["loop_lag_p99_ms"] == 7.0 and rep["cpu_utilization"] == pytest.approx(0.5)
+    assert rep["chunk_rate"] == pytest.approx(200.0) and len(rep["per_worker"]) == 2
+
+
+def test_an_invalid_summary_says_so_first():
+    s = summarize(steady_records())
+    assert s.valid and s.invalid_reason is None
+    s.mark_invalid("the client was the bottleneck: test")
+    assert not s.valid and s.table().startswith("INVALID RUN: the client was the bottleneck: test")
+    assert s.as_dict()["valid"] is False and s.as_dict()["invalid_reason"].endswith("test")
+
+
+# ----------------------------------------------------------------------------------- arrivals, workers
+def test_ramp_arrivals_rise_linearly_and_are_seeded():
+    ramp = Ramp(start_rate=2.0, end_rate=20.0, duration_s=100.0, seed=1)
+    n = ramp.count_for(100.0)
+    assert n == 1100  # (2 + 20) / 2 x 100
+    t = np.asarray(ramp.offsets(n))
+    assert t[0] == 0.0 and np.all(np.diff(t) >= 0) and t[-1] == pytest.approx(100.0, rel=0.05)
+    first, last = np.sum(t < 10), np.sum((t >= 90) & (t < 100))  # expected 29 and 191 arrivals
+    assert 15 < first < 45 and 160 < last < 225
+    assert ramp.offsets(50) == Ramp(2.0, 20.0, 100.0, seed=1).offsets(50)
+    assert ramp.rate_at(50.0) == pytest.approx(11.0) and ramp.peak_rate == 20.0
+    assert ramp.cli_args() == ["--arrivals", "ramp", "--rate", "2", "--end-rate", "20", "--ramp-duration", "100",
+                               "--arrival-seed", "1"]
+    assert make_arrivals("ramp", rate=2, end_rate=20, ramp_duration_s=100, seed=1) == ramp
+    assert Poisson(rate=8).count_for(30) == 240 and ConstantRate(rate=2.5).count_for(2) == 5
+    with pytest.raises(ValueError, match="--end-rate"):
+        make_arrivals("ramp", rate=1)
+
+
+def test_auto_workers_follow_the_expected_chunk_rate_and_stop_at_the_cores():
+    reqs = [Request(id=str(i), prompt="x", max_output_tokens=100) for i in range(10)]
+    per = WORKER_CHUNKS_PER_S
+    n, why = choose_workers("auto", Poisson(rate=per / 100 * 2.5), reqs, 8, cores=16)
+    assert n == 3 and why["needed"] == 3 and why["expected_chunks_per_s"] == pytest.approx(per * 2.5)
+    n, why = choose_workers("auto", Poisson(rate=per / 100 * 2.5), reqs, 8, cores=2)
+    assert n == 2 and "capped at 2 cores" in why["why"]
+    n, why = choose_workers("auto", Concurrent(64), reqs, 64, cores=64)
+    assert n == math.ceil(64 * STREAM_CHUNKS_PER_S / per) and "rule" in why["why"]
+    assert choose_workers("auto", Poisson(rate=1), reqs, 8, cores=4)[0] == 1
+    assert choose_workers(3, Poisson(rate=1), reqs, 8, cores=2) == (3, {"requested": 3, "used": 3, "cores": 2,
+                                                                     "why": "3 as asked (more than the 2 cores this "
+                                                                            "process may use)"})
+    with pytest.raises(ValueError, match="workers must be"):
+        choose_workers(0, Poisson(rate=1), reqs, 8)
+
+
+def test_one_schedule_dealt_round_robin():
+    reqs = [Request(id=str(i), prompt="x", send_offset_s=i * 0.1) for i in range(7)]
+    parts = deal(reqs, 3)
+    assert [[r.id for r in p] for p in parts] == [["0", "3", "6"], ["1", "4"], ["2", "5"]]
+    assert split_evenly(10, 3) == [4, 3, 3] and sum(split_evenly(7, 4)) == 7

@@ -1,51 +1,162 @@
-"""Sweeps and the search for the highest rate that meets an SLO."""
+"""Sweeps and the search for the highest rate that meets an SLO, each probe decided on its 95% interval."""
 
 from __future__ import annotations
 
-import types
+import math
 
+import numpy as np
 import pytest
 
 from helpers import bench
-from helpers.bench import SLO, CalibrationServer, FromJsonl, WorkloadSpec, find_max_rate, sweep
+from helpers.bench import (SLO, CalibrationServer, FromJsonl, RequestResult, RunResult, Timings, WorkloadSpec,
+                           find_max_rate, summarize, sweep)
 
 
-def fake_runner(capacity: float, calls: list):
-    """A stand-in for bench.run: p99 TTFT is 50 ms up to `capacity` req/s, then it explodes (queueing)."""
+def records(rate: float, n: int, ttfts_ms, tpot_ms: float = 10.0) -> list[RequestResult]:
+    """n requests dispatched 1/rate apart, each with its TTFT and 5 tokens TPOT ms apart."""
+    out = []
+    for i in range(n):
+        d = i / rate
+        first = d + ttfts_ms[i] / 1000
+        times = [first + k * tpot_ms / 1000 for k in range(5)]
+        out.append(RequestResult(id=str(i), timings=Timings(t_scheduled=d, t_dispatched=d, t_first_token=first,
+                                                            t_end=times[-1], chunk_times=times, chunk_tokens=[1] * 5),
+                                 ok=True, output_tokens=5, http_status=200))
+    return out
+
+
+def fake_runner(ttfts, calls: list, invalid_above: float | None = None):
+    """A stand-in for bench.run: ``ttfts(rate, n, rng)`` gives each request's TTFT (ms)."""
 
     def runner(workload, arrivals, *, num_requests, seed, out, slo, label, **kw):
-        calls.append((arrivals.rate, num_requests, seed))
-        p99 = 50.0 if arrivals.rate <= capacity else 50.0 * (1 + 10 * (arrivals.rate - capacity))
-        summary = types.SimpleNamespace(ttft_ms=types.SimpleNamespace(p99=p99), failure_rate=0.0,
-                                        client_queue_ms=types.SimpleNamespace(p99=0.5))
-        return types.SimpleNamespace(summary=summary, records=[])
+        calls.append({"rate": arrivals.rate, "n": num_requests, "seed": seed, **kw})
+        rng = np.random.default_rng(seed)
+        recs = records(arrivals.rate, num_requests, ttfts(arrivals.rate, num_requests, rng))
+        summary = summarize(recs, slo=slo)
+        if invalid_above is not None and arrivals.rate > invalid_above:
+            summary.mark_invalid("the client was the bottleneck (test)")
+        return RunResult(records=recs, summary=summary, config={"arrivals": arrivals.as_dict()})
 
     return runner
 
 
-def test_find_max_rate_brackets_then_bisects():
+def knee(capacity: float):
+    """TTFT about 50 ms (+-5%) up to ``capacity`` req/s, then it explodes (queueing)."""
+    def ttfts(rate, n, rng):
+        base = 50.0 if rate <= capacity else 50.0 * (1 + 10 * (rate - capacity))
+        return base * rng.uniform(0.95, 1.05, size=n)
+    return ttfts
+
+
+def test_find_max_rate_brackets_then_bisects_and_reports_each_probe():
     calls: list = []
     res = find_max_rate(WorkloadSpec(), SLO(ttft_ms=200), start_rate=1.0, rel_tol=0.05, max_runs=12,
-                        duration_s=10, runner=fake_runner(13.0, calls), out=False)
-    rates = [c[0] for c in calls]
+                        duration_s=10, runner=fake_runner(knee(13.0), calls), out=False)
+    rates = [c["rate"] for c in calls]
     assert rates[:5] == [1, 2, 4, 8, 16]  # doubling until the first failure
     assert 13.0 * 0.95 <= res.rate <= 13.0
     lo, hi = res.bracket
     assert lo == res.rate and hi > 13.0 and (hi - lo) / lo <= 0.05
-    assert len({c[2] for c in calls}) == len(calls)  # each probe has its own prompts
-    assert all(n >= 30 for _, n, _ in calls)  # min_requests
-    assert "max rate" in str(res) and len(res.df) == len(calls)
+    assert len({c["seed"] for c in calls}) == len(calls)  # each probe has its own prompts
+    assert all(c["n"] >= 30 for c in calls)  # min_requests
+    for p in res.probes:  # every probe: its statistic, its interval, and a decision that follows from them
+        assert p.statistic == "ttft p99 (ms)" and p.ci[0] <= p.value <= p.ci[1]
+        assert p.decision == ("pass" if p.ci[1] <= 200 else "fail" if p.ci[0] > 200 else "undecided")
+        assert p.passed == (p.decision == "pass") and p.value_ms == p.value
+    assert res.mode == "quantile" and res.max_rate_at_slo is None and not res.non_monotonic
+    assert "max rate" in str(res) and len(res.df) == len(calls) and {"ci_low", "ci_high", "decision"} <= set(res.df)
+    assert len(res.table().splitlines()) == len(calls)
 
 
 def test_find_max_rate_halves_when_the_start_fails_and_needs_a_bound():
     calls: list = []
     res = find_max_rate(WorkloadSpec(), SLO(ttft_ms=200), start_rate=8.0, max_runs=6,
-                        runner=fake_runner(1.5, calls), out=False)
-    assert [c[0] for c in calls][:3] == [8.0, 4.0, 2.0]
-    # p99 = 50 * (1 + 10 * (rate - 1.5)) stays within 200 ms up to 1.8 req/s
+                        runner=fake_runner(knee(1.5), calls), out=False)
+    assert [c["rate"] for c in calls][:3] == [8.0, 4.0, 2.0]
+    # TTFT = 50 * (1 + 10 * (rate - 1.5)) (+-5%) stays within 200 ms up to ~1.8 req/s
     assert res.rate is not None and 1.5 <= res.rate <= 1.8
     with pytest.raises(ValueError, match="no bound for 'tpot'"):
-        find_max_rate(WorkloadSpec(), SLO(ttft_ms=200), metric="tpot", runner=fake_runner(1, []))
+        find_max_rate(WorkloadSpec(), SLO(ttft_ms=200), metric="tpot", runner=fake_runner(knee(1), []))
+    with pytest.raises(ValueError, match="not both"):
+        find_max_rate(WorkloadSpec(), SLO(ttft_ms=200), metric="ttft", attainment=0.9, runner=fake_runner(knee(1), []))
+    with pytest.raises(ValueError, match="between 0 and 1"):
+        find_max_rate(WorkloadSpec(), SLO(ttft_ms=200), attainment=90, runner=fake_runner(knee(1), []))
+
+
+def straddling(rate, n, rng):
+    """All requests at 100 ms but the two slowest at 150 and 260 ms: p99's interval holds 200 ms at any n."""
+    x = np.full(n, 100.0)
+    x[-2:] = [150.0, 260.0]
+    return x
+
+
+def test_an_undecided_probe_is_rerun_twice_as_long_then_recorded_undecided():
+    calls: list = []
+    res = find_max_rate(WorkloadSpec(), SLO(ttft_ms=200), start_rate=4.0, max_runs=2, max_repeats=1, duration_s=10,
+                        runner=fake_runner(straddling, calls), out=False)
+    first, rerun = res.probes
+    assert first.decision == rerun.decision == "undecided" and "straddles" in first.reason
+    assert first.ci[0] < 200 < first.ci[1]
+    assert (first.attempt, rerun.attempt) == (0, 1) and rerun.duration_s == 2 * first.duration_s
+    assert calls[1]["n"] == 2 * calls[0]["n"]  # more requests at the same rate
+    assert res.rate is None and res.undecided == [4.0] and "undecided at 4" in str(res)
+
+
+def test_an_invalid_run_decides_nothing():
+    calls: list = []
+    res = find_max_rate(WorkloadSpec(), SLO(ttft_ms=200), start_rate=4.0, max_runs=4, rel_tol=0.3,
+                        runner=fake_runner(knee(100.0), calls, invalid_above=5.0), out=False)
+    by_rate = {p.rate: p for p in res.probes}
+    assert by_rate[4.0].decision == "pass"
+    assert by_rate[8.0].decision == "undecided" and "invalid run" in by_rate[8.0].reason
+    assert all(p.attempt == 0 for p in res.probes)  # a longer run would not unburden the client: not rerun
+    assert res.rate is not None and 4.0 <= res.rate < 8.0 and res.bracket[1] <= 8.0
+
+
+def attainment_curve(capacity: float):
+    """Below ``capacity`` every request meets TTFT 50 ms; above it a growing share takes 400 ms."""
+    def ttfts(rate, n, rng):
+        late = min(1.0, max(0.0, (rate - capacity) / capacity))
+        return np.where(rng.uniform(size=n) < late, 400.0, 50.0)
+    return ttfts
+
+
+def test_attainment_mode_finds_distserve_max_rate_at_slo():
+    calls: list = []
+    slo = SLO(ttft_ms=100, tpot_ms=20)
+    res = find_max_rate(WorkloadSpec(), slo, attainment=0.9, start_rate=4.0, rel_tol=0.05, max_runs=12,
+                        min_requests=400, runner=fake_runner(attainment_curve(10.0), calls), out=False)
+    # 90% met up to 11 req/s (late share (rate - 10) / 10); the search needs its interval above 90% to pass
+    assert res.mode == "attainment" and res.max_rate_at_slo == res.rate
+    assert 9.5 <= res.rate <= 11.0
+    for p in res.probes:
+        assert p.statistic == "attainment" and p.value_ms is None and 0 <= p.ci[0] <= p.value <= p.ci[1] <= 1
+        assert p.decision == ("pass" if p.ci[0] >= 0.9 else "fail" if p.ci[1] < 0.9 else "undecided")
+    assert ">= 90% of requests meeting TTFT <= 100 ms and TPOT <= 20 ms" in str(res)
+
+
+def test_confirm_remeasures_the_found_rate_and_a_contradiction_is_flagged_not_dropped():
+    calls: list = []
+    confirm_calls: list = []
+
+    def ttfts(rate, n, rng):  # passes at every rate... except when the lab's "fresh server" measures it
+        return np.full(n, 500.0 if calls[-1].get("base_url") == "fresh" else 50.0)
+
+    def confirm(remeasure):
+        confirm_calls.append(remeasure.rate)
+        run = remeasure(base_url="fresh")
+        assert isinstance(run, RunResult)
+
+    res = find_max_rate(WorkloadSpec(), SLO(ttft_ms=200), start_rate=1.0, max_rate=4.0, max_runs=5,
+                        runner=fake_runner(ttfts, calls), confirm=confirm, out=False)
+    assert confirm_calls == [4.0] and calls[-1]["base_url"] == "fresh"
+    assert res.probes[-1].kind == "confirm" and res.probes[-1].decision == "fail"
+    assert res.confirmed is False and res.rate == 4.0  # the search's answer stays, with the contradiction beside it
+    assert res.non_monotonic == [(4.0, 4.0)]
+    assert "NOT MONOTONIC" in str(res) and "NOT confirmed" in str(res)
+    with pytest.raises(RuntimeError, match="must call remeasure"):
+        find_max_rate(WorkloadSpec(), SLO(ttft_ms=200), start_rate=1.0, max_rate=1.0, max_runs=2,
+                      runner=fake_runner(knee(10), []), confirm=lambda remeasure: None, out=False)
 
 
 def test_sweep_against_a_saturating_server(tmp_path):
@@ -63,9 +174,10 @@ def test_sweep_against_a_saturating_server(tmp_path):
     assert high.summary.server.queue_mean_ms > low.summary.server.queue_mean_ms
     assert (tmp_path / "sweep" / "rate-60" / "summary.json").is_file()
     df = sw.df
-    assert list(df["rate"]) == [10, 60] and {"ttft_p99_ms", "output_throughput"} <= set(df.columns)
+    assert list(df["rate"]) == [10, 60] and {"ttft_p99_ms", "output_throughput", "valid"} <= set(df.columns)
     spec_dict = sw.chart().to_dict()
     assert sum(len(v) for v in spec_dict["datasets"].values()) == 2 * 2 * 2  # runs x metrics x quantiles
     with pytest.raises(TypeError, match="WorkloadSpec"):
         sweep(spec.build(3), rates=[1], base_url=cal.base_url)
     assert bench.charts.timeline(high).to_dict()["vconcat"]  # gauges drawn under the bars
+    assert math.isfinite(high.summary.ttft_ms.p99)

@@ -1,4 +1,5 @@
-"""Workloads: exact token counts with the embedded model's tokenizer, shared prefixes, disjoint warmup, JSONL."""
+"""Workloads: exact token counts with the embedded model's tokenizer, shared prefixes, disjoint warmup, JSONL,
+length distributions, multi-turn conversations and traces."""
 
 from __future__ import annotations
 
@@ -6,7 +7,9 @@ import json
 
 import pytest
 
-from helpers.bench import SAMPLE_CHAT, FixedLength, FromJsonl, SharedPrefix, token_counter
+from helpers.bench import (EXAMPLE_TRACE, SAMPLE_CHAT, Conversations, FixedLength, FromJsonl, Histogram, Normal,
+                           SharedPrefix, Trace, TraceArrivals, Uniform, VariableLength, parse_length, token_counter)
+from helpers.bench.conversations import read_conversations
 
 
 @pytest.fixture(scope="module")
@@ -102,3 +105,83 @@ def test_sample_chat_file_and_jsonl_formats(tc, tmp_path):
         FromJsonl(f, endpoint="completions", tokenizer=False).build(3)
     with pytest.raises(ValueError, match="use endpoint='chat'"):
         FromJsonl(SAMPLE_CHAT, endpoint="completions").build(1)
+
+
+# -------------------------------------------------------------------------- lengths that vary, each exact
+def test_variable_lengths_are_drawn_seeded_and_each_request_is_exact(tc):
+    spec = VariableLength(input_len=Uniform(8, 64), output_len=Normal(20, 8, low=4, high=40), endpoint="completions")
+    wl = spec.build(12, seed=3, warmup=2)
+    ins = [r.expected_input_tokens for r in wl.requests]
+    outs = [r.max_output_tokens for r in wl.requests]
+    assert all(8 <= a <= 64 for a in ins) and len(set(ins)) > 3 and all(4 <= b <= 40 for b in outs)
+    for r in wl.requests:
+        assert tc.completion(r.prompt) == r.expected_input_tokens == r.meta["input_len"]
+        assert r.min_output_tokens == r.max_output_tokens == r.meta["output_len"]  # fixed, so checkable
+    again = VariableLength(input_len=Uniform(8, 64), output_len=Normal(20, 8, low=4, high=40),
+                           endpoint="completions").build(12, seed=3)
+    assert [r.prompt for r in again.requests] == [r.prompt for r in wl.requests]
+    assert len(wl.warmup) == 2 and all(w.prompt.startswith("Warmup only") for w in wl.warmup)
+    hist = VariableLength(input_len=Histogram((10, 20, 30), (0, 1)), output_len=8, endpoint="chat").build(4, seed=1)
+    for r in hist.requests:
+        assert 20 <= r.meta["input_len"] < 30 and tc.content(r.messages[0]["content"]) == r.meta["input_len"]
+    assert spec.cli_args() == ["--endpoint", "completions", "--input-len", "uniform:8:64",
+                               "--output-len", "normal:20:8:4:40"]
+
+
+def test_lengths_parse_from_the_command_line_and_say_what_is_wrong():
+    assert parse_length("128") == 128
+    assert parse_length("uniform:64:512") == Uniform(64, 512)
+    assert parse_length("normal:256:64") == Normal(256, 64)
+    assert parse_length("hist:16,64,256:3,1") == Histogram((16, 64, 256), (3.0, 1.0))
+    assert Histogram.of([5, 6, 7, 50], bins=2).edges == (5, 28, 51)
+    with pytest.raises(ValueError, match="uniform:LOW:HIGH"):
+        parse_length("gaussian:3")
+    with pytest.raises(ValueError, match="one more edge"):
+        parse_length("hist:1,2:1,1")
+    with pytest.raises(ValueError, match="low <= high"):
+        Uniform(10, 5)
+
+
+# ------------------------------------------------------------------------------- conversations, traces
+def test_conversations_replay_turn_by_turn_with_the_previous_turns(tc):
+    chats = read_conversations()
+    assert 40 <= len(chats) <= 80 and all(len(c["turns"]) >= 2 for c in chats)
+    wl = Conversations(output_len=12).build(40, seed=2, warmup=1)
+    assert len(wl.requests) == 40 and wl.endpoint == "chat" and len(wl.warmup) == 1
+    turns = [r.meta["turn"] for r in wl.requests]
+    assert turns == sorted(turns)  # every conversation's first turn, then every second turn, ...
+    by_conv = {}
+    for r in wl.requests:
+        by_conv.setdefault(r.meta["conversation"], []).append(r)
+    followed = 0
+    for reqs in by_conv.values():
+        for prev, now in zip(reqs, reqs[1:]):
+            assert now.messages[:len(prev.messages)] == prev.messages  # carries the turns before it
+            assert now.messages[len(prev.messages)]["role"] == "assistant"
+            prev_ids = tc.ids(tc.render_chat(prev.messages), special=False)
+            assert now.meta["prefix_tokens"] == len(prev_ids)  # the whole previous prompt is a token prefix
+            followed += 1
+        assert reqs[0].meta["prefix_tokens"] == 0
+        for r in reqs:
+            assert r.expected_input_tokens == tc.chat(r.messages) and r.min_output_tokens == 12
+    assert followed >= 10
+    assert Conversations(output_len=12).build(40, seed=2).requests[5].messages == wl.requests[5].messages
+
+
+def test_a_trace_brings_its_lengths_and_its_arrival_times(tc, tmp_path):
+    rows = [json.loads(x) for x in EXAMPLE_TRACE.read_text().splitlines()]
+    trace = Trace(EXAMPLE_TRACE, endpoint="completions")
+    wl = trace.build(6, seed=0)
+    for r, row in zip(wl.requests, rows):
+        assert tc.completion(r.prompt) == row["input_len"] and r.max_output_tokens == row["output_len"]
+    arr = trace.arrivals(time_scale=0.5)
+    assert arr.offsets(3) == pytest.approx([0.0, (rows[1]["t"] - rows[0]["t"]) / 2, (rows[2]["t"] - rows[0]["t"]) / 2])
+    assert arr.count_for(5.0) == sum(1 for x in rows if (x["t"] - rows[0]["t"]) / 2 < 5.0)
+    assert trace.default_arrivals() == TraceArrivals(str(EXAMPLE_TRACE))
+    assert arr.peak_rate >= 4  # the burst: ~6 req/s, twice as fast
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"t": 1, "input_len": 5, "output_len": 2}\n{"t": 0.5, "input_len": 5, "output_len": 2}\n')
+    with pytest.raises(ValueError, match="sort the trace"):
+        Trace(bad).rows()
+    with pytest.raises(ValueError, match="holds 76 requests"):
+        trace.build(77)

@@ -10,51 +10,63 @@
     print(res)                   # summary table; res.df one row per request; res.summary.ttft_ms.p99
     bench.charts.cdf(res, "ttft")
 
+    big = bench.run(wl, bench.Poisson(rate=200), base_url=srv, duration_s=60, workers="auto")
+    big.summary.valid            # False when the client, not the server, set the numbers (invalid_reason says how)
+    best = bench.find_max_rate(wl, bench.SLO(ttft_ms=500, tpot_ms=50), attainment=0.9, base_url=srv)
+
 ``python -m helpers.bench run ...`` does the same from a shell; ``python -m helpers.bench.calibration``
 starts a server with known latencies to check any load generator against.
 
-Modules, leaves first (each imports only those above it): ``records`` (typed request records; every metric
-defined once) -> ``arrivals``, ``workloads``, ``client`` -> ``stats`` (distributions, windows, goodput; no
-files) -> ``store`` (a run's folder; :class:`RunResult`; :func:`load_run`) -> ``charts`` -> ``runner``
-(:func:`run`) -> ``batching`` (static batches, for comparison), ``search`` (:func:`sweep`, :func:`find_max_rate`)
--> ``report`` (the Phase 2 artifact).
-``calibration`` stands apart (a server, started as a subprocess).
+Modules, leaves first (each imports only those before it): ``records`` (typed request records; every metric
+defined once) -> ``arrivals``, ``workloads`` (+ ``lengths``, ``conversations``, ``traces``), ``client``,
+``health`` (is the client the bottleneck?) -> ``dispatch`` (sending from one event loop) -> ``workers`` (from
+several processes); ``stats`` (distributions, windows, the two goodputs; no files) -> ``store`` (a run's folder;
+:class:`RunResult`; :func:`load_run`) -> ``charts``; ``harness`` (a run's thread) -> ``runner`` (:func:`run`)
+-> ``batching`` (static batches, for comparison), ``search`` (:func:`sweep`, :func:`find_max_rate`) -> ``report``
+(the Phase 2 artifact). ``calibration`` stands apart (a server with known latencies, on one or N processes).
 """
 
 from . import charts
-from .arrivals import Arrivals, Concurrent, ConstantRate, Poisson, Synchronous, make_arrivals
+from .arrivals import Arrivals, Concurrent, ConstantRate, Poisson, Ramp, Synchronous, make_arrivals
 from .batching import interpolate, static_batches
 from .calibration import CalibrationConfig, CalibrationServer
 from .client import ClientConfig, StreamParser, build_payload
-from .records import Request, RequestResult, Timings, itl_values
+from .conversations import CONVERSATIONS, Conversations
+from .health import ClientLimits, LoopHealth
+from .lengths import Histogram, LengthDist, Normal, Uniform, VariableLength, parse_length
+from .records import Request, RequestResult, Timings, chunk_gaps, itl_values
 from .report import BenchmarkReport, ConfigResult
-from .runner import Target, reconcile, run, target_of
-from .search import MaxRateResult, Probe, SweepResult, find_max_rate, sweep
-from .stats import (SLO, Comparison, Distribution, Goodput, Summary, Window, bootstrap_quantile, metric_values,
-                    pooled_itl_median, steady_state_window, summarize)
+from .runner import Target, choose_workers, reconcile, run, target_of
+from .search import MaxRateResult, Probe, Remeasure, SweepResult, find_max_rate, sweep
+from .stats import (SLO, Comparison, Distribution, Goodput, Latencies, Summary, Window, bootstrap_quantile,
+                    metric_values, pooled_itl_median, quantile_with_ci, steady_state_window, summarize,
+                    wilson_interval)
 from .store import RunFolder, RunResult, compare, goodput, load_run, records_of
+from .traces import EXAMPLE_TRACE, Trace, TraceArrivals
 from .workloads import (SAMPLE_CHAT, FixedLength, FromJsonl, SharedPrefix, TokenCounter, Workload, WorkloadSpec,
                         load_tokenizer, token_counter)
 
 __all__ = [
     # records
-    "Request", "RequestResult", "Timings", "itl_values",
+    "Request", "RequestResult", "Timings", "itl_values", "chunk_gaps",
     # workloads
     "Workload", "WorkloadSpec", "FixedLength", "SharedPrefix", "FromJsonl", "TokenCounter", "load_tokenizer",
-    "token_counter", "SAMPLE_CHAT",
+    "token_counter", "SAMPLE_CHAT", "VariableLength", "LengthDist", "Uniform", "Normal", "Histogram", "parse_length",
+    "Conversations", "CONVERSATIONS", "Trace", "TraceArrivals", "EXAMPLE_TRACE",
     # arrivals
-    "Arrivals", "Synchronous", "Concurrent", "ConstantRate", "Poisson", "make_arrivals",
+    "Arrivals", "Synchronous", "Concurrent", "ConstantRate", "Poisson", "Ramp", "make_arrivals",
     # client
-    "ClientConfig", "StreamParser", "build_payload",
+    "ClientConfig", "StreamParser", "build_payload", "ClientLimits", "LoopHealth",
     # running and saved runs
-    "run", "Target", "target_of", "reconcile", "RunResult", "RunFolder", "load_run", "records_of",
+    "run", "Target", "target_of", "reconcile", "choose_workers", "RunResult", "RunFolder", "load_run", "records_of",
     # static batching, for comparison; reading a measured curve
     "static_batches", "interpolate",
     # searches
-    "sweep", "SweepResult", "find_max_rate", "MaxRateResult", "Probe",
+    "sweep", "SweepResult", "find_max_rate", "MaxRateResult", "Probe", "Remeasure",
     # statistics
-    "SLO", "Summary", "Distribution", "Window", "Goodput", "Comparison", "summarize", "steady_state_window",
-    "goodput", "compare", "metric_values", "bootstrap_quantile", "pooled_itl_median",
+    "SLO", "Summary", "Distribution", "Latencies", "Window", "Goodput", "Comparison", "summarize",
+    "steady_state_window", "goodput", "compare", "metric_values", "bootstrap_quantile", "pooled_itl_median",
+    "quantile_with_ci", "wilson_interval",
     # calibration
     "CalibrationServer", "CalibrationConfig",
     # the Phase 2 report

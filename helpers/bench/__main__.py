@@ -5,6 +5,11 @@
     python -m helpers.bench run --base-url http://127.0.0.1:8000/v1 --model smollm2 --endpoint chat \\
         --arrivals poisson --rate 4 --num-requests 200 --input-len 256 --output-len 64 --warmup 8 \\
         --seed 0 --out runs/poisson-4 --slo-ttft-ms 500
+    python -m helpers.bench run --base-url ... --arrivals poisson --rate 40 --duration 60 --workers auto \\
+        --input-len uniform:64:512 --output-len normal:128:32:16:256
+    python -m helpers.bench run --base-url ... --arrivals ramp --rate 1 --end-rate 20 --ramp-duration 60
+    python -m helpers.bench run --base-url ... --conversations --arrivals poisson --rate 2 --num-requests 60
+    python -m helpers.bench run --base-url ... --trace data/traces/example.jsonl --time-scale 0.5
     python -m helpers.bench summarize runs/poisson-4 --slo-ttft-ms 300
     python -m helpers.bench compare runs/a runs/b --metric ttft --q 0.99
 """
@@ -19,9 +24,12 @@ import sys
 from typing import Sequence
 
 from .arrivals import make_arrivals
+from .conversations import CONVERSATIONS, Conversations
+from .lengths import VariableLength, parse_length
 from .runner import run
 from .stats import SLO
 from .store import compare, load_run
+from .traces import Trace
 from .workloads import FixedLength, FromJsonl, SharedPrefix
 
 __all__ = ["main"]
@@ -38,6 +46,14 @@ def _slo(a: argparse.Namespace):
     return slo if slo.is_set() else None
 
 
+def _workers(text: str) -> int | str:
+    if text == "auto":
+        return text
+    if text.isdigit() and int(text) >= 1:
+        return int(text)
+    raise argparse.ArgumentTypeError(f"--workers takes a number >= 1 or 'auto', not {text!r}")
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m helpers.bench",
                                 description="Benchmark an OpenAI-compatible (vLLM) server honestly.")
@@ -49,19 +65,34 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--endpoint", choices=["chat", "completions"], default="chat")
     r.add_argument("--tokenizer", default=None, help="tokenizer path or id (default: the served model's, from "
                    "/v1/models); 'none' with --prompts: no expected token counts")
-    r.add_argument("--arrivals", choices=["synchronous", "concurrent", "constant", "poisson"], default="synchronous")
-    r.add_argument("--rate", type=float, default=None, help="requests/s (constant, poisson)")
+    r.add_argument("--arrivals", choices=["synchronous", "concurrent", "constant", "poisson", "ramp", "trace"],
+                   default=None, help="default: synchronous (with --trace: the trace's own times)")
+    r.add_argument("--rate", type=float, default=None, help="requests/s (constant, poisson; ramp: the start rate)")
+    r.add_argument("--end-rate", type=float, default=None, help="ramp: the rate reached after --ramp-duration")
+    r.add_argument("--ramp-duration", type=float, default=None, help="ramp: seconds to go from --rate to --end-rate")
     r.add_argument("--concurrency", type=int, default=None, help="requests in flight (concurrent)")
     r.add_argument("--max-in-flight", type=int, default=None,
                    help="cap for open-loop arrivals (the wait is recorded as client queue time)")
     r.add_argument("--arrival-seed", type=int, default=None, help="seed of Poisson arrivals (default: --seed)")
-    r.add_argument("--num-requests", type=int, default=100)
-    r.add_argument("--input-len", type=int, default=256,
-                   help="prompt tokens (chat: of the user message; with --shared-prefix-len: the unique suffix)")
-    r.add_argument("--output-len", type=int, default=64, help="output tokens (fixed with min_tokens/ignore_eos)")
+    r.add_argument("--num-requests", type=int, default=None, help="requests to send (default 100, or --duration)")
+    r.add_argument("--duration", type=float, default=None,
+                   help="seconds of load instead of --num-requests (open loop: rate x duration requests; closed "
+                        "loop: keep them in flight that long, then drain)")
+    r.add_argument("--workers", type=_workers, default=1,
+                   help="client processes: a number, or 'auto' (as many as the expected chunk rate needs)")
+    r.add_argument("--input-len", default="256",
+                   help="prompt tokens (chat: of the user message; with --shared-prefix-len: the unique suffix); a "
+                        "number or a distribution: uniform:LOW:HIGH, normal:MEAN:STD[:LOW[:HIGH]], hist:EDGES:WEIGHTS")
+    r.add_argument("--output-len", default="64",
+                   help="output tokens (fixed with min_tokens/ignore_eos); a number or a distribution, as --input-len")
     r.add_argument("--shared-prefix-len", type=int, default=None, help="tokens of a prefix shared by all prompts")
     r.add_argument("--num-prefixes", type=int, default=1)
     r.add_argument("--prompts", default=None, help="JSONL prompt file instead of synthetic prompts")
+    r.add_argument("--conversations", nargs="?", const=str(CONVERSATIONS), default=None,
+                   help="replay multi-turn chats turn by turn (default file: the labs' own)")
+    r.add_argument("--trace", default=None, help="JSONL trace of {t, input_len, output_len}: its lengths (and, "
+                   "unless --arrivals says otherwise, its times)")
+    r.add_argument("--time-scale", type=float, default=1.0, help="multiplies a trace's gaps (0.5: twice as fast)")
     r.add_argument("--warmup", type=int, default=0, help="warmup requests (disjoint prompts, not counted)")
     r.add_argument("--seed", type=int, default=0)
     r.add_argument("--out", default=None, help="results folder (default runs/bench/<time>-<arrivals>)")
@@ -89,24 +120,51 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _cmd_run(a: argparse.Namespace, argv: Sequence[str]) -> int:
+def _spec(a: argparse.Namespace):
     no_tokenizer = (a.tokenizer or "").lower() == "none"
     if no_tokenizer and not a.prompts:
         raise ValueError("synthetic prompts are built with the model's tokenizer; --tokenizer none only works "
                          "with --prompts FILE")
+    if sum(x is not None for x in (a.prompts, a.conversations, a.trace)) > 1:
+        raise ValueError("give one of --prompts, --conversations, --trace")
     if a.prompts:
-        spec = FromJsonl(path=a.prompts, endpoint=a.endpoint, tokenizer=False if no_tokenizer else a.tokenizer)
-    elif a.shared_prefix_len:
-        spec = SharedPrefix(prefix_len=a.shared_prefix_len, suffix_len=a.input_len, output_len=a.output_len,
+        return FromJsonl(path=a.prompts, endpoint=a.endpoint, tokenizer=False if no_tokenizer else a.tokenizer)
+    if a.trace:
+        return Trace(path=a.trace, endpoint=a.endpoint, time_scale=a.time_scale, tokenizer=a.tokenizer)
+    input_len, output_len = parse_length(a.input_len), parse_length(a.output_len)
+    if a.conversations:
+        if not isinstance(output_len, int):
+            raise ValueError("--conversations asks for a fixed --output-len per turn")
+        return Conversations(path=a.conversations, output_len=output_len, tokenizer=a.tokenizer)
+    if a.shared_prefix_len:
+        if not isinstance(input_len, int) or not isinstance(output_len, int):
+            raise ValueError("--shared-prefix-len takes fixed --input-len and --output-len")
+        return SharedPrefix(prefix_len=a.shared_prefix_len, suffix_len=input_len, output_len=output_len,
                             endpoint=a.endpoint, num_prefixes=a.num_prefixes, tokenizer=a.tokenizer)
+    if isinstance(input_len, int) and isinstance(output_len, int):
+        return FixedLength(input_len=input_len, output_len=output_len, endpoint=a.endpoint, tokenizer=a.tokenizer)
+    return VariableLength(input_len=input_len, output_len=output_len, endpoint=a.endpoint, tokenizer=a.tokenizer)
+
+
+def _cmd_run(a: argparse.Namespace, argv: Sequence[str]) -> int:
+    spec = _spec(a)
+    seed = a.seed if a.arrival_seed is None else a.arrival_seed
+    if a.arrivals == "trace" or (a.arrivals is None and isinstance(spec, Trace)):
+        if not isinstance(spec, Trace):
+            raise ValueError("--arrivals trace needs --trace FILE")
+        arrivals = spec.arrivals(time_scale=a.time_scale, max_in_flight=a.max_in_flight)
     else:
-        spec = FixedLength(input_len=a.input_len, output_len=a.output_len, endpoint=a.endpoint, tokenizer=a.tokenizer)
-    arrivals = make_arrivals(a.arrivals, rate=a.rate, concurrency=a.concurrency,
-                             seed=a.seed if a.arrival_seed is None else a.arrival_seed, max_in_flight=a.max_in_flight)
-    res = run(spec, arrivals, base_url=a.base_url, model=a.model, num_requests=a.num_requests, warmup=a.warmup,
-              seed=a.seed, out=a.out or True, api_key=os.environ.get(a.api_key_env) or None, timeout_s=a.timeout,
-              temperature=a.temperature, vllm_extras=not a.no_vllm_extras, slo=_slo(a),
-              server_metrics=not a.no_server_metrics, sample_interval_s=a.sample_interval,
+        arrivals = make_arrivals(a.arrivals or "synchronous", rate=a.rate, concurrency=a.concurrency, seed=seed,
+                                 max_in_flight=a.max_in_flight, end_rate=a.end_rate, ramp_duration_s=a.ramp_duration)
+    if a.num_requests is not None and a.duration is not None:
+        raise ValueError("give --num-requests or --duration, not both")
+    num = a.num_requests if a.num_requests is not None or a.duration is not None else 100
+    if isinstance(spec, Trace) and a.num_requests is None and a.duration is None:
+        num = len(spec.rows())
+    res = run(spec, arrivals, base_url=a.base_url, model=a.model, num_requests=num, duration_s=a.duration,
+              warmup=a.warmup, seed=a.seed, out=a.out or True, api_key=os.environ.get(a.api_key_env) or None,
+              timeout_s=a.timeout, temperature=a.temperature, vllm_extras=not a.no_vllm_extras, slo=_slo(a),
+              server_metrics=not a.no_server_metrics, sample_interval_s=a.sample_interval, workers=a.workers,
               progress=not a.no_progress, command=" ".join(["python", "-m", "helpers.bench", *map(shlex.quote, argv)]))
     if a.json:
         print(json.dumps(res.summary.as_dict(), indent=2))

@@ -2,9 +2,13 @@
 
 Closed loop (``Synchronous``, ``Concurrent``): a fixed number of requests in flight; a new one is sent
 as soon as one finishes, so the server's speed sets the arrival rate. Open loop (``ConstantRate``,
-``Poisson``): requests are sent at scheduled times whatever the server does, as real users arrive.
-Open-loop arrivals have no hidden semaphore; its optional ``max_in_flight`` cap is explicit, and the
-time a request waits for it is recorded as client queue time.
+``Poisson``, ``Ramp``, and a trace's arrivals, :class:`helpers.bench.traces.TraceArrivals`): requests are
+sent at scheduled times whatever the server does, as real users arrive. Open-loop arrivals have no hidden
+semaphore; its optional ``max_in_flight`` cap is explicit, and the time a request waits for it is recorded
+as client queue time.
+
+Every open-loop process also says how many requests it sends in a given duration (:meth:`Arrivals.count_for`),
+so a run can be sized in seconds (``bench.run(..., duration_s=60)``) rather than in requests.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from typing import ClassVar
 
 import numpy as np
 
-__all__ = ["Arrivals", "Synchronous", "Concurrent", "ConstantRate", "Poisson", "make_arrivals"]
+__all__ = ["Arrivals", "Synchronous", "Concurrent", "ConstantRate", "Poisson", "Ramp", "make_arrivals"]
 
 
 class Arrivals:
@@ -33,6 +37,16 @@ class Arrivals:
         """Scheduled send times (seconds after the start) of ``n`` requests; ``None`` for closed loop."""
         return None
 
+    def count_for(self, duration_s: float) -> int | None:
+        """How many requests this open-loop process sends in ``duration_s`` (rate x duration, at least 1);
+        ``None`` for closed loop, whose count the server's speed sets."""
+        return None
+
+    @property
+    def peak_rate(self) -> float | None:
+        """The highest arrival rate (requests/s) of an open-loop process; ``None`` for closed loop."""
+        return None
+
     def as_dict(self) -> dict:
         return {"arrivals": self.name, **asdict(self)}  # type: ignore[call-overload]
 
@@ -45,7 +59,10 @@ class Arrivals:
             args += ["--concurrency", str(self.concurrency)]
         if getattr(self, "max_in_flight", None) is not None:
             args += ["--max-in-flight", str(self.max_in_flight)]  # type: ignore[attr-defined]
-        if isinstance(self, Poisson):
+        if isinstance(self, Ramp):
+            args += ["--rate", f"{self.start_rate:g}", "--end-rate", f"{self.end_rate:g}",
+                     "--ramp-duration", f"{self.duration_s:g}"]
+        if isinstance(self, (Poisson, Ramp)):
             args += ["--arrival-seed", str(self.seed)]
         return args
 
@@ -106,6 +123,13 @@ class ConstantRate(Arrivals):
     def offsets(self, n: int) -> list[float]:
         return [i / self.rate for i in range(n)]
 
+    def count_for(self, duration_s: float) -> int:
+        return max(1, int(round(self.rate * duration_s)))
+
+    @property
+    def peak_rate(self) -> float:
+        return self.rate
+
     def describe(self) -> str:
         cap = f", at most {self.max_in_flight} in flight" if self.max_in_flight else ""
         return f"constant {self.rate:g} req/s{cap}"
@@ -137,19 +161,102 @@ class Poisson(Arrivals):
         gaps = np.random.default_rng(self.seed).exponential(1.0 / self.rate, size=n - 1)
         return [0.0] + np.cumsum(gaps).tolist()
 
+    def count_for(self, duration_s: float) -> int:
+        return max(1, int(round(self.rate * duration_s)))
+
+    @property
+    def peak_rate(self) -> float:
+        return self.rate
+
     def describe(self) -> str:
         cap = f", at most {self.max_in_flight} in flight" if self.max_in_flight else ""
         return f"poisson {self.rate:g} req/s (seed {self.seed}){cap}"
 
 
+@dataclass(frozen=True)
+class Ramp(Arrivals):
+    """Open loop, a Poisson process whose rate rises linearly from ``start_rate`` to ``end_rate`` over
+    ``duration_s`` seconds (and stays at ``end_rate`` after, if more requests are asked for), seeded.
+
+    Drawn by time rescaling: unit-rate exponential gaps mapped through the inverse of the cumulative rate
+    ``L(t) = start_rate t + (end_rate - start_rate) t^2 / (2 duration_s)``. The first request goes at 0.
+    It finds where latency turns up in one run, where a sweep needs several.
+
+    Introduced in lab 11 (Latency, Throughput, Goodput).
+    """
+
+    start_rate: float = 1.0
+    end_rate: float = 10.0
+    duration_s: float = 60.0
+    seed: int = 0
+    max_in_flight: int | None = None
+    name: ClassVar[str] = "ramp"
+    open_loop: ClassVar[bool] = True
+
+    def __post_init__(self) -> None:
+        if self.start_rate < 0 or not self.end_rate > 0:
+            raise ValueError(f"a ramp needs start_rate >= 0 and end_rate > 0 requests/s, got {self.start_rate} and "
+                             f"{self.end_rate}")
+        if not self.duration_s > 0:
+            raise ValueError(f"a ramp needs duration_s > 0, got {self.duration_s}")
+
+    def cumulative(self, t: float) -> float:
+        """Expected requests sent by time ``t`` (the integral of the rate)."""
+        d = self.duration_s
+        if t <= d:
+            return self.start_rate * t + (self.end_rate - self.start_rate) * t * t / (2 * d)
+        return self.cumulative(d) + self.end_rate * (t - d)
+
+    def rate_at(self, t: float) -> float:
+        """The arrival rate (requests/s) at ``t`` seconds."""
+        return self.start_rate + (self.end_rate - self.start_rate) * min(t, self.duration_s) / self.duration_s
+
+    def _inverse(self, u: np.ndarray) -> np.ndarray:
+        d, r0, r1 = self.duration_s, self.start_rate, self.end_rate
+        a = (r1 - r0) / d
+        total = self.cumulative(d)
+        inside = u <= total
+        t = np.empty_like(u)
+        if a == 0:
+            t[inside] = u[inside] / r0
+        else:
+            t[inside] = (-r0 + np.sqrt(np.maximum(r0 * r0 + 2 * a * u[inside], 0.0))) / a
+        t[~inside] = d + (u[~inside] - total) / r1
+        return t
+
+    def offsets(self, n: int) -> list[float]:
+        if n <= 0:
+            return []
+        unit = np.cumsum(np.random.default_rng(self.seed).exponential(1.0, size=n - 1))
+        return [0.0] + self._inverse(unit).tolist()
+
+    def count_for(self, duration_s: float) -> int:
+        return max(1, int(round(self.cumulative(duration_s))))
+
+    @property
+    def peak_rate(self) -> float:
+        return max(self.start_rate, self.end_rate)
+
+    def describe(self) -> str:
+        cap = f", at most {self.max_in_flight} in flight" if self.max_in_flight else ""
+        return (f"ramp {self.start_rate:g} -> {self.end_rate:g} req/s over {self.duration_s:g} s "
+                f"(seed {self.seed}){cap}")
+
+
 def make_arrivals(name: str, rate: float | None = None, concurrency: int | None = None, seed: int = 0,
-                  max_in_flight: int | None = None) -> Arrivals:
+                  max_in_flight: int | None = None, end_rate: float | None = None,
+                  ramp_duration_s: float | None = None) -> Arrivals:
     """Arrivals from their CLI name: ``synchronous``, ``concurrent`` (needs ``concurrency``),
-    ``constant`` or ``poisson`` (need ``rate``).
+    ``constant`` or ``poisson`` (need ``rate``), ``ramp`` (``rate`` to ``end_rate`` over ``ramp_duration_s``).
 
     Introduced in lab 10 (Load Testing Honestly).
     """
     name = name.lower()
+    if name == "ramp":
+        if rate is None or not end_rate or not ramp_duration_s:
+            raise ValueError("arrivals 'ramp' need a start rate, an end rate and a duration "
+                             "(--rate R0 --end-rate R1 --ramp-duration S)")
+        return Ramp(rate, end_rate, ramp_duration_s, seed=seed, max_in_flight=max_in_flight)
     if name == "synchronous":
         return Synchronous()
     if name == "concurrent":
@@ -162,4 +269,4 @@ def make_arrivals(name: str, rate: float | None = None, concurrency: int | None 
         if name == "constant":
             return ConstantRate(rate, max_in_flight=max_in_flight)
         return Poisson(rate, seed=seed, max_in_flight=max_in_flight)
-    raise ValueError(f"unknown arrivals {name!r}; choose synchronous, concurrent, constant or poisson")
+    raise ValueError(f"unknown arrivals {name!r}; choose synchronous, concurrent, constant, poisson or ramp")

@@ -12,7 +12,13 @@ chunk carries ``first_chunk_tokens`` tokens (1, as after a prefill), the others 
 lateness does not accumulate; the actual send times are recorded and served at
 ``/calibration/stats`` next to the configuration (the truth to compare a client with). Errors are
 injected per request with a seeded RNG keyed by the request's id: HTTP 500s (``error_rate``) and
-streams cut mid-way (``abort_rate``).
+streams cut mid-way (``abort_rate``); ``kill_after_s`` makes the server exit abruptly that many seconds after
+it started (and :meth:`CalibrationServer.kill` kills it at once), to see what a client does when its server dies.
+
+It scales like the client: ``processes=N`` runs N serving processes on one port (``SO_REUSEPORT``: the kernel
+spreads connections over them) under a supervising process. Each one appends its truth to a shared folder and
+``/calibration/stats`` merges all of them; ``/metrics`` merges theirs too (prometheus_client's multiprocess
+mode). A client's own limit can then be measured without the server being the bottleneck.
 
 ::
 
@@ -20,7 +26,7 @@ streams cut mid-way (``abort_rate``).
         result = bench.run(workload, base_url=cal.base_url, model=cal.model)
         truth = cal.stats()
 
-    python -m helpers.bench.calibration --port 8100 --ttft-ms 50 --tpot-ms 10
+    python -m helpers.bench.calibration --port 8100 --ttft-ms 50 --tpot-ms 10 --processes 4
 """
 
 from __future__ import annotations
@@ -30,8 +36,13 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import random
+import shutil
+import signal
+import socket
 import sys
+import tempfile
 import time
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -39,9 +50,11 @@ from typing import Any
 
 from .. import procs
 
-__all__ = ["CalibrationConfig", "CalibrationServer", "serve", "build_app"]
+__all__ = ["CalibrationConfig", "CalibrationServer", "serve", "supervise", "build_app"]
 
 _READY = "CALIBRATION READY port="
+# -c rather than -m: helpers.bench imports this module, and running it again as __main__ would load it twice.
+_SELF = "import sys; from helpers.bench.calibration import _main; sys.exit(_main(sys.argv[1:]))"
 _WORDS = [" The", " quick", " brown", " fox", " jumps", " over", " the", " lazy", " dog", "."]
 
 
@@ -68,6 +81,8 @@ class CalibrationConfig:
     metrics: bool = True
     model: str = "calibration"
     tokenizer: str | None = None
+    processes: int = 1
+    kill_after_s: float | None = None
 
     def cli_args(self) -> list[str]:
         args = ["--ttft-ms", repr(self.ttft_s * 1000), "--tpot-ms", repr(self.tpot_s * 1000),
@@ -87,6 +102,10 @@ class CalibrationConfig:
             args += ["--max-concurrency", str(self.max_concurrency)]
         if self.tokenizer:
             args += ["--tokenizer", str(self.tokenizer)]
+        if self.processes != 1:
+            args += ["--processes", str(self.processes)]
+        if self.kill_after_s is not None:
+            args += ["--kill-after-s", repr(self.kill_after_s)]
         return args
 
 
@@ -132,25 +151,87 @@ class _Counter:
 
 
 # ------------------------------------------------------------------------------------ the app
+class _Shared:
+    """The truth of one of several serving processes, in a folder they share: each appends its finished requests
+    to ``records-K.jsonl`` and one byte per arrival to ``arrivals-K``; any of them reads all the files."""
+
+    def __init__(self, folder: str, index: int):
+        self.folder, self.index = Path(folder), index
+        self._rec = open(self.folder / f"records-{index}.jsonl", "a", encoding="utf-8")
+        self._arr = open(self.folder / f"arrivals-{index}", "ab", buffering=0)
+
+    def arrive(self) -> None:
+        self._arr.write(b".")
+
+    def record(self, rec: dict[str, Any]) -> None:
+        self._rec.write(json.dumps(rec, separators=(",", ":")) + "\n")
+        self._rec.flush()
+
+    def read(self) -> tuple[list[dict[str, Any]], int]:
+        records = []
+        for path in sorted(self.folder.glob("records-*.jsonl")):
+            for line in path.read_text().splitlines():
+                with contextlib.suppress(ValueError):  # a line being written right now
+                    records.append(json.loads(line))
+        arrivals = sum(p.stat().st_size for p in self.folder.glob("arrivals-*"))
+        return records, arrivals
+
+    def reset(self) -> None:
+        for path in [*self.folder.glob("records-*.jsonl"), *self.folder.glob("arrivals-*")]:
+            os.truncate(path, 0)  # the writers append (O_APPEND), so they go on at the new end
+
+
 class _State:
-    def __init__(self, cfg: CalibrationConfig):
+    def __init__(self, cfg: CalibrationConfig, shared: _Shared | None = None):
         self.cfg = cfg
         self.counter = _Counter(cfg.tokenizer)
+        self.shared = shared
         self.records: list[dict[str, Any]] = []
         self.arrivals = 0
         self.running = 0
         self.waiting = 0
         self.sem = asyncio.Semaphore(cfg.max_concurrency) if cfg.max_concurrency else None
-        self.metrics = _Metrics(cfg.model) if cfg.metrics else None
+        self.metrics = _Metrics(cfg.model, multiprocess=shared is not None) if cfg.metrics else None
+
+    def arrive(self) -> None:
+        self.arrivals += 1
+        if self.shared is not None:
+            self.shared.arrive()
+
+    def record(self, rec: dict[str, Any]) -> None:
+        if self.shared is not None:
+            self.shared.record(rec)
+        else:
+            self.records.append(rec)
+
+    def truth(self) -> tuple[list[dict[str, Any]], int]:
+        return self.shared.read() if self.shared is not None else (self.records, self.arrivals)
+
+    def reset(self) -> None:
+        if self.shared is not None:
+            self.shared.reset()
+        self.records.clear()
+
+    def gauges(self) -> None:
+        """Publish running/waiting/KV usage (with several processes, each its share: the scrape sums them)."""
+        m = self.metrics
+        if m is None:
+            return
+        m.running.labels(m.model).set(self.running)
+        m.waiting.labels(m.model).set(self.waiting)
+        slots = (self.cfg.max_concurrency or 0) * max(1, self.cfg.processes)
+        m.kv.labels(m.model).set(self.running / slots if slots else 0.0)
 
 
 class _Metrics:
-    def __init__(self, model: str):
+    def __init__(self, model: str, multiprocess: bool = False):
         from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
         self.registry = CollectorRegistry()
+        self.multiprocess = multiprocess
         lab = ["model_name"]
         self.model = model
+        live = {"multiprocess_mode": "livesum"} if multiprocess else {}
         b = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0)
         self.ttft = Histogram("vllm:time_to_first_token_seconds", "TTFT", lab, buckets=b, registry=self.registry)
         self.e2e = Histogram("vllm:e2e_request_latency_seconds", "E2E", lab, buckets=b, registry=self.registry)
@@ -161,9 +242,9 @@ class _Metrics:
         self.tpot = Histogram("vllm:request_time_per_output_token_seconds", "TPOT", lab, buckets=b,
                               registry=self.registry)
         self.itl = Histogram("vllm:inter_token_latency_seconds", "ITL", lab, buckets=b, registry=self.registry)
-        self.running = Gauge("vllm:num_requests_running", "running", lab, registry=self.registry)
-        self.waiting = Gauge("vllm:num_requests_waiting", "waiting", lab, registry=self.registry)
-        self.kv = Gauge("vllm:kv_cache_usage_perc", "kv", lab, registry=self.registry)
+        self.running = Gauge("vllm:num_requests_running", "running", lab, registry=self.registry, **live)
+        self.waiting = Gauge("vllm:num_requests_waiting", "waiting", lab, registry=self.registry, **live)
+        self.kv = Gauge("vllm:kv_cache_usage_perc", "kv", lab, registry=self.registry, **live)
         self.prompt_tokens = Counter("vllm:prompt_tokens", "prompt tokens", lab, registry=self.registry)
         self.gen_tokens = Counter("vllm:generation_tokens", "generation tokens", lab, registry=self.registry)
         self.preemptions = Counter("vllm:num_preemptions", "preemptions", lab, registry=self.registry)
@@ -173,9 +254,15 @@ class _Metrics:
             m.labels(model).inc(0)
 
     def text(self) -> bytes:
-        from prometheus_client import generate_latest
+        from prometheus_client import CollectorRegistry, generate_latest
 
-        return generate_latest(self.registry)
+        if not self.multiprocess:
+            return generate_latest(self.registry)
+        from prometheus_client import multiprocess
+
+        merged = CollectorRegistry()
+        multiprocess.MultiProcessCollector(merged)  # every serving process's values, from the shared folder
+        return generate_latest(merged)
 
 
 def _chunk_sizes(n: int, first: int, k: int) -> list[int]:
@@ -187,14 +274,14 @@ def _chunk_sizes(n: int, first: int, k: int) -> list[int]:
     return sizes
 
 
-def build_app(cfg: CalibrationConfig):
+def build_app(cfg: CalibrationConfig, shared: _Shared | None = None):
     """The aiohttp application of the calibration server (for embedding; usually run via :func:`serve`).
 
     Introduced in lab 10 (Load Testing Honestly).
     """
     from aiohttp import web
 
-    state = _State(cfg)
+    state = _State(cfg, shared)
     app = web.Application(client_max_size=64 * 2**20)
     app["state"] = state
 
@@ -209,17 +296,16 @@ def build_app(cfg: CalibrationConfig):
     async def metrics(_request):
         if state.metrics is None:
             return web.Response(status=404, text="metrics disabled")
-        m = state.metrics
-        m.running.labels(m.model).set(state.running)
-        m.waiting.labels(m.model).set(state.waiting)
-        m.kv.labels(m.model).set(state.running / cfg.max_concurrency if cfg.max_concurrency else 0.0)
-        return web.Response(body=m.text(), content_type="text/plain")
+        state.gauges()
+        return web.Response(body=state.metrics.text(), content_type="text/plain")
 
     async def stats(_request):
-        return web.json_response({"config": asdict(cfg), "requests": state.records, "arrivals": state.arrivals})
+        records, arrivals = state.truth()
+        return web.json_response({"config": asdict(cfg), "requests": records, "arrivals": arrivals,
+                                  "pid": os.getpid()})
 
     async def reset(_request):
-        state.records.clear()
+        state.reset()
         return web.json_response({"ok": True})
 
     async def chat(request):
@@ -231,8 +317,8 @@ def build_app(cfg: CalibrationConfig):
     async def _generate(request, endpoint: str):
         body = await request.json()
         t_recv = time.perf_counter()
-        state.arrivals += 1
-        rid = request.headers.get("X-Bench-Request-Id") or f"arrival-{state.arrivals}"
+        state.arrive()
+        rid = request.headers.get("X-Bench-Request-Id") or f"arrival-{os.getpid()}-{state.arrivals}"
         rng = random.Random(f"{cfg.seed}:{rid}")
         rec: dict[str, Any] = {"id": rid, "endpoint": endpoint, "status": "ok", "queue_s": 0.0}
         if endpoint == "chat":
@@ -249,13 +335,14 @@ def build_app(cfg: CalibrationConfig):
         abort_at = rng.randint(1, max(n - 1, 1)) if rng.random() < cfg.abort_rate else None
         if fail:
             rec["status"] = "error500"
-            state.records.append(rec)
+            state.record(rec)
             return web.json_response({"error": {"message": "injected error (calibration server)",
                                                 "type": "InternalServerError", "code": 500}}, status=500)
         queue_s = 0.0
         if state.sem is not None:
             t_q = time.perf_counter()
             state.waiting += 1
+            state.gauges()
             await state.sem.acquire()
             state.waiting -= 1
             queue_s = time.perf_counter() - t_q
@@ -263,14 +350,16 @@ def build_app(cfg: CalibrationConfig):
         t_start = t_recv + queue_s
         rec["queue_s"] = queue_s
         state.running += 1
+        state.gauges()
         try:
             return await _stream(request, endpoint, body, rec, n, prompt_tokens, stream, want_usage, continuous,
                                  abort_at, t_recv, t_start)
         finally:
             state.running -= 1
+            state.gauges()
             if state.sem is not None:
                 state.sem.release()
-            state.records.append(rec)
+            state.record(rec)
 
     async def _stream(request, endpoint, body, rec, n, prompt_tokens, stream, want_usage, continuous, abort_at,
                       t_recv, t_start):
@@ -368,23 +457,32 @@ def build_app(cfg: CalibrationConfig):
     return app
 
 
-async def _serve_async(cfg: CalibrationConfig, host: str, port: int) -> None:
+async def _serve_async(cfg: CalibrationConfig, host: str, port: int, shared: _Shared | None) -> None:
     from aiohttp import web
 
-    runner = web.AppRunner(build_app(cfg), access_log=None, handle_signals=False)
+    runner = web.AppRunner(build_app(cfg, shared), access_log=None, handle_signals=False)
     await runner.setup()
-    site = web.TCPSite(runner, host, port, backlog=1024, reuse_address=True)
+    site = web.TCPSite(runner, host, port, backlog=1024, reuse_address=True, reuse_port=shared is not None)
     await site.start()
     actual = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    print(f"{_READY}{actual}", flush=True)
+    if shared is not None:
+        (shared.folder / f"ready-{shared.index}").touch()
+    else:
+        print(f"{_READY}{actual}", flush=True)
+    if cfg.kill_after_s is not None:  # a crash on purpose: no cleanup, connections dropped
+        asyncio.get_running_loop().call_later(cfg.kill_after_s, os._exit, 1)
     try:
         await asyncio.Event().wait()
     finally:
         await runner.cleanup()
 
 
-def serve(cfg: CalibrationConfig, host: str = "127.0.0.1", port: int = 0, use_uvloop: bool = True) -> None:
+def serve(cfg: CalibrationConfig, host: str = "127.0.0.1", port: int = 0, use_uvloop: bool = True,
+          shared: _Shared | None = None) -> None:
     """Run the calibration server in this process until interrupted (port 0: a free one, printed).
+
+    With ``shared`` (one of several processes) it binds with ``SO_REUSEPORT`` and keeps its truth in the shared
+    folder; :func:`supervise` starts such processes.
 
     Introduced in lab 10 (Load Testing Honestly).
     """
@@ -394,9 +492,92 @@ def serve(cfg: CalibrationConfig, host: str = "127.0.0.1", port: int = 0, use_uv
         with contextlib.suppress(ImportError):
             import uvloop
 
-            uvloop.run(_serve_async(cfg, host, port))
+            uvloop.run(_serve_async(cfg, host, port, shared))
             return
-    asyncio.run(_serve_async(cfg, host, port))
+    asyncio.run(_serve_async(cfg, host, port, shared))
+
+
+def supervise(cfg: CalibrationConfig, host: str = "127.0.0.1", port: int = 0, use_uvloop: bool = True,
+              state_dir: str | None = None, startup_timeout_s: float = 60.0) -> int:
+    """Run ``cfg.processes`` serving processes on one port (``SO_REUSEPORT``) and watch them: when one exits, stop
+    the others and exit. They are forked from this process (already past its imports, and holding no thread or
+    event loop), share ``state_dir`` (a temporary folder if none) for their truth and their metrics, and die with
+    it.
+
+    Introduced in lab 10 (Load Testing Honestly).
+    """
+    own_dir = state_dir is None
+    folder = Path(state_dir or tempfile.mkdtemp(prefix="calibration-"))
+    (folder / "prometheus").mkdir(parents=True, exist_ok=True)
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(folder / "prometheus")
+    holder = socket.socket(socket.AF_INET, socket.SOCK_STREAM)  # holds the port (bound, never listening)
+    holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    holder.bind((host, port))
+    port = holder.getsockname()[1]
+    children: list[int] = []
+    for k in range(cfg.processes):
+        pid = os.fork()
+        if pid == 0:  # a serving process
+            code = 1
+            try:
+                holder.close()
+                _child_setup()
+                serve(cfg, host, port, use_uvloop=use_uvloop, shared=_Shared(str(folder), k))
+                code = 0
+            finally:
+                os._exit(code)
+        children.append(pid)
+
+    def end(*_: Any) -> None:
+        for pid in children:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+        for pid in children:
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, 0)
+        children.clear()
+        holder.close()
+        if own_dir:
+            shutil.rmtree(folder, ignore_errors=True)
+
+    def exited() -> int | None:
+        for pid in children:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                children.remove(pid)
+                return os.waitstatus_to_exitcode(status)
+        return None
+
+    signal.signal(signal.SIGTERM, lambda *a: sys.exit(0))
+    try:
+        deadline = time.monotonic() + startup_timeout_s
+        while len(list(folder.glob("ready-*"))) < cfg.processes:
+            if exited() is not None or time.monotonic() > deadline:
+                print(f"calibration: only {len(list(folder.glob('ready-*')))} of {cfg.processes} processes started",
+                      file=sys.stderr, flush=True)
+                return 1
+            time.sleep(0.02)
+        print(f"{_READY}{port} processes={cfg.processes}", flush=True)
+        while (code := exited()) is None:
+            time.sleep(0.1)
+        return code
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        end()
+
+
+def _child_setup() -> None:
+    """In a forked serving process: die with the supervisor, default signals, multiprocess metrics."""
+    with contextlib.suppress(Exception):
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    from prometheus_client import values
+
+    values.ValueClass = values.get_value_class()  # imported before PROMETHEUS_MULTIPROC_DIR was set
 
 
 # ------------------------------------------------------------------------- context manager
@@ -404,9 +585,11 @@ class CalibrationServer:
     """The calibration server in a subprocess on a free 127.0.0.1 port, stopped on exit.
 
     ``CalibrationServer(ttft_s=0.05, tpot_s=0.01)`` takes :class:`CalibrationConfig` fields (or
-    ``config=``). ``base_url`` ends in ``/v1``; ``stats()`` returns the server's own record of every
-    request (the truth); ``reset()`` clears it. The process is a :class:`helpers.procs.Proc`: registered,
-    logged, and stopped with its whole tree on exit, on a failing cell and at interpreter exit.
+    ``config=``); ``processes=N`` serves from N processes on the one port. ``base_url`` ends in ``/v1``;
+    ``stats()`` returns the server's own record of every request (the truth, merged over its processes);
+    ``reset()`` clears it; ``kill()`` kills it at once, as a crash would. The process is a
+    :class:`helpers.procs.Proc`: registered, logged, and stopped with its whole tree on exit, on a failing cell
+    and at interpreter exit.
 
     Introduced in lab 10 (Load Testing Honestly).
     """
@@ -425,6 +608,7 @@ class CalibrationServer:
         self.use_uvloop = use_uvloop
         self.port: int | None = None
         self.proc: procs.Proc | None = None
+        self._state_dir: str | None = None
 
     @property
     def model(self) -> str:
@@ -440,9 +624,10 @@ class CalibrationServer:
 
     def start(self) -> "CalibrationServer":
         self.port = procs.free_port()
-        # -c rather than -m: helpers.bench imports this module, and running it again as __main__ would load it twice.
-        cmd = [sys.executable, "-c", "import sys; from helpers.bench.calibration import _main; sys.exit(_main(sys.argv[1:]))",
-               "--port", str(self.port), *self.config.cli_args()]
+        cmd = [sys.executable, "-c", _SELF, "--port", str(self.port), *self.config.cli_args()]
+        if self.config.processes > 1:
+            self._state_dir = tempfile.mkdtemp(prefix="calibration-")
+            cmd += ["--state-dir", self._state_dir]
         if not self.use_uvloop:
             cmd.append("--no-uvloop")
         self.proc = procs.Proc(cmd, kind="calibration", name=self.config.model, host="127.0.0.1",
@@ -451,6 +636,8 @@ class CalibrationServer:
         def ready() -> bool:
             import httpx
 
+            if self.proc is None or _READY not in self.proc.log_text():  # every process listens
+                return False
             try:
                 return httpx.get(f"{self.url}/health", timeout=1.0).status_code == 200
             except httpx.HTTPError:
@@ -463,6 +650,19 @@ class CalibrationServer:
         if self.proc is not None:
             self.proc.stop()
             self.proc = None
+        if self._state_dir is not None:
+            shutil.rmtree(self._state_dir, ignore_errors=True)
+            self._state_dir = None
+
+    def kill(self) -> None:
+        """Kill the server at once with SIGKILL, every process of it, as a crash would (connections are dropped,
+        nothing is cleaned up). :meth:`stop` (or leaving the ``with`` block) still tidies up afterwards.
+
+        Introduced in lab 10 (Load Testing Honestly).
+        """
+        if self.proc is not None and self.proc.pid:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.proc.pid, signal.SIGKILL)  # its own session and process group (procs.Proc)
 
     @property
     def running(self) -> bool:
@@ -509,17 +709,28 @@ def _main(argv: list[str]) -> int:
     p.add_argument("--no-metrics", action="store_true", help="answer /metrics with 404")
     p.add_argument("--model", default="calibration")
     p.add_argument("--tokenizer", default=None, help="folder with tokenizer.json: count prompt tokens exactly")
+    p.add_argument("--processes", type=int, default=1, help="serving processes on the one port (SO_REUSEPORT)")
+    p.add_argument("--kill-after-s", type=float, default=None,
+                   help="exit abruptly this many seconds after starting (a crash, to test a client)")
+    p.add_argument("--state-dir", default=None, help=argparse.SUPPRESS)  # shared by the processes
+    p.add_argument("--process-index", type=int, default=None, help=argparse.SUPPRESS)  # one of them
     p.add_argument("--no-uvloop", action="store_true")
     a = p.parse_args(argv)
+    if a.processes < 1:
+        p.error("--processes must be >= 1")
     cfg = CalibrationConfig(
         ttft_s=a.ttft_ms / 1000, tpot_s=a.tpot_ms / 1000, prefill_s_per_token=a.prefill_ms_per_token / 1000,
         tokens_per_chunk=a.tokens_per_chunk, first_chunk_tokens=a.first_chunk_tokens, role_chunk=not a.no_role_chunk,
         usage=not a.no_usage, continuous_usage=not a.no_continuous_usage, error_rate=a.error_rate,
         abort_rate=a.abort_rate, max_concurrency=a.max_concurrency, default_max_tokens=a.default_max_tokens,
-        seed=a.seed, metrics=not a.no_metrics, model=a.model, tokenizer=a.tokenizer,
+        seed=a.seed, metrics=not a.no_metrics, model=a.model, tokenizer=a.tokenizer, processes=a.processes,
+        kill_after_s=a.kill_after_s,
     )
+    if a.processes > 1 and a.process_index is None:
+        return supervise(cfg, a.host, a.port, use_uvloop=not a.no_uvloop, state_dir=a.state_dir)
+    shared = _Shared(a.state_dir, a.process_index) if a.process_index is not None else None
     with contextlib.suppress(KeyboardInterrupt):
-        serve(cfg, a.host, a.port, use_uvloop=not a.no_uvloop)
+        serve(cfg, a.host, a.port, use_uvloop=not a.no_uvloop, shared=shared)
     return 0
 
 

@@ -7,6 +7,9 @@ decoding, detokenizer batching) and it skips the role-only first chunk of a chat
 (``{"delta": {"role": "assistant", "content": ""}}``, ``completion_tokens: 0``), which a naive client
 mistakes for the first token. A server that sends no per-chunk usage gets one token per non-empty
 chunk, and the record says so (``tokens_exact=False``).
+
+A failure at the connection level (refused, reset, a stream cut) is flagged ``connection_error``; then
+:func:`server_alive` tells a dead server from a dropped connection.
 """
 
 from __future__ import annotations
@@ -21,7 +24,8 @@ import aiohttp
 
 from .records import Request, RequestResult, Timings
 
-__all__ = ["ClientConfig", "StreamParser", "build_payload", "send", "make_session", "list_models"]
+__all__ = ["ClientConfig", "StreamParser", "build_payload", "send", "make_session", "list_models", "server_alive",
+           "connection_reason"]
 
 
 @dataclass
@@ -209,6 +213,24 @@ def _error_message(status: int, body: str) -> str:
     return str(msg)
 
 
+#: Failures that a server's death causes (and a dropped connection, which :func:`server_alive` tells apart).
+_CONNECTION_ERRORS = (aiohttp.ClientOSError, aiohttp.ServerDisconnectedError, aiohttp.ClientPayloadError, OSError)
+
+
+def connection_reason(e: BaseException) -> str:
+    """A connection-level failure in a few words: ``connection refused``, ``connection reset``, ...
+
+    Introduced in lab 10 (Load Testing Honestly).
+    """
+    inner = getattr(e, "os_error", None) or e.__cause__ or e
+    for cls, words in ((ConnectionRefusedError, "connection refused"), (ConnectionResetError, "connection reset"),
+                       (aiohttp.ServerDisconnectedError, "server disconnected"),
+                       (aiohttp.ClientPayloadError, "stream cut"), (BrokenPipeError, "broken pipe")):
+        if isinstance(inner, cls) or isinstance(e, cls):
+            return words
+    return f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+
+
 async def send(session: aiohttp.ClientSession, req: Request, cfg: ClientConfig, t_scheduled: float,
                perf_anchor: float = 0.0, wall_anchor: float = 0.0, tag: str = "") -> RequestResult:
     """Send one streaming request and time it; never raises for a failed request (it is recorded).
@@ -251,10 +273,11 @@ async def send(session: aiohttp.ClientSession, req: Request, cfg: ClientConfig, 
             timings.t_done = time.perf_counter()
     except asyncio.TimeoutError:
         result.error = f"timeout: no complete response within {cfg.timeout_s:g} s"
+    except _CONNECTION_ERRORS as e:
+        result.error = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+        result.connection_error = True
     except aiohttp.ClientError as e:
         result.error = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
-    except OSError as e:  # pragma: no cover - connection-level failures not wrapped by aiohttp
-        result.error = f"{type(e).__name__}: {e}"
     now = time.perf_counter()
     timings.chunk_times, timings.chunk_tokens = parser.chunk_times, parser.chunk_tokens
     timings.t_first_token = parser.chunk_times[0] if parser.chunk_times else None
@@ -273,6 +296,33 @@ async def send(session: aiohttp.ClientSession, req: Request, cfg: ClientConfig, 
     else:
         timings.t_end = now
     return result
+
+
+async def server_alive(session: aiohttp.ClientSession, base_url: str, attempts: int = 3, interval_s: float = 0.3,
+                       timeout_s: float = 2.0) -> tuple[bool, str]:
+    """Does anything still answer at the server's address? ``(True, "")`` as soon as any HTTP answer comes back
+    (whatever its status), ``(False, reason)`` when every attempt failed at the connection level. A slow
+    answer (timeout) counts as alive: a busy server is not a dead one.
+
+    Introduced in lab 10 (Load Testing Honestly).
+    """
+    url = base_url.rstrip("/").removesuffix("/v1") + "/health"
+    reason = ""
+    for i in range(max(1, attempts)):
+        if i:
+            await asyncio.sleep(interval_s)
+        try:
+            async with session.get(url, timeout=aiohttp.ClientTimeout(total=timeout_s),
+                                   headers={"Connection": "close"}) as resp:
+                await resp.read()
+                return True, ""
+        except asyncio.TimeoutError:
+            return True, ""
+        except _CONNECTION_ERRORS as e:
+            reason = connection_reason(e)
+        except aiohttp.ClientError:
+            return True, ""
+    return False, reason
 
 
 def make_session(limit: int = 0) -> aiohttp.ClientSession:

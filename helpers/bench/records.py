@@ -9,6 +9,9 @@ on one clock (``Timings.perf_anchor``/``wall_anchor`` pair that clock with the w
     ITL           one value per token after the first: a chunk carrying k tokens after a gap g
                   contributes k values g/k; tokens of the first chunk beyond the first contribute 0.
                   So sum(ITL) = E2E - TTFT and mean(ITL) = TPOT, whatever the chunking.
+    ITL per chunk one value per token-carrying chunk after the first: the gap since the previous chunk,
+                  whatever it carried (what ``vllm bench serve`` reports as ITL; k times the per-token
+                  ITL when every chunk carries k tokens)
     client queue  = t_dispatched - t_scheduled       time the request waited inside the client (kept apart)
 
 Times are ``perf_counter`` seconds; the derived metrics are in milliseconds (``ttft_ms`` ...).
@@ -20,7 +23,7 @@ import math
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Iterable
 
-__all__ = ["Request", "Timings", "RequestResult", "itl_values"]
+__all__ = ["Request", "Timings", "RequestResult", "itl_values", "chunk_gaps"]
 
 
 @dataclass(frozen=True)
@@ -118,6 +121,18 @@ def itl_values(chunk_times: Iterable[float], chunk_tokens: Iterable[int]) -> lis
     return out
 
 
+def chunk_gaps(chunk_times: Iterable[float]) -> list[float]:
+    """Gaps (seconds) between consecutive token-carrying chunks: one value per chunk after the first.
+
+    This is ITL as ``vllm bench serve`` counts it (per stream chunk, whatever the chunk carried); compare
+    :func:`itl_values`, one value per token.
+
+    Introduced in lab 10 (Load Testing Honestly).
+    """
+    times = list(chunk_times)
+    return [b - a for a, b in zip(times, times[1:])]
+
+
 def _ms(seconds: float | None) -> float | None:
     return None if seconds is None else seconds * 1000.0
 
@@ -129,7 +144,9 @@ class RequestResult:
     ``ok`` is True only for a stream that finished with ``[DONE]`` and no error. ``input_tokens`` and
     ``output_tokens`` are the server's ``usage`` counts (``output_tokens`` falls back to the tokens
     counted in the stream); ``tokens_exact`` is False when the server sent no per-chunk usage and
-    each non-empty chunk was counted as one token. Failures keep ``http_status`` and ``error``.
+    each non-empty chunk was counted as one token. Failures keep ``http_status`` and ``error``;
+    ``connection_error`` is True when the failure was at the connection level (refused, reset, cut
+    mid-stream), the kind of failure that a dead server causes.
 
     Introduced in lab 02 (Prefill and Decode).
     """
@@ -150,6 +167,7 @@ class RequestResult:
     scheduled_offset_s: float | None = None
     warmup: bool = False
     meta: dict[str, Any] = field(default_factory=dict)
+    connection_error: bool = False
 
     # -- derived metrics (seconds internally, milliseconds exposed) -----------------------------
     @property
@@ -200,6 +218,13 @@ class RequestResult:
         return [v * 1000.0 for v in itl_values(self.timings.chunk_times, self.timings.chunk_tokens)]
 
     @property
+    def itl_per_chunk_ms(self) -> list[float]:
+        """Gaps between token-carrying chunks, one per chunk after the first (see :func:`chunk_gaps`); [] unless ok."""
+        if not self.ok:
+            return []
+        return [v * 1000.0 for v in chunk_gaps(self.timings.chunk_times)]
+
+    @property
     def client_queue_ms(self) -> float | None:
         """Time between the scheduled send and the actual dispatch (the client's own queue)."""
         t = self.timings
@@ -215,7 +240,7 @@ class RequestResult:
         d["derived"] = {
             "ttft_ms": self.ttft_ms, "tpot_ms": self.tpot_ms, "e2e_ms": self.e2e_ms,
             "client_queue_ms": self.client_queue_ms, "streamed_tokens": self.streamed_tokens,
-            "itl_mean_ms": _mean_or_none(self.itl_ms),
+            "itl_mean_ms": _mean_or_none(self.itl_ms), "itl_per_chunk_mean_ms": _mean_or_none(self.itl_per_chunk_ms),
         }
         return d
 

@@ -1,9 +1,10 @@
 """The Phase 2 artifact: engine configurations compared at one fixed p99 TTFT target.
 
-For each configuration, :func:`~helpers.bench.runner.find_max_rate` finds the highest Poisson rate whose
-p99 TTFT stays under the target; :class:`ConfigResult` keeps that rate, the bracket that bounds it (the
-lowest rate that failed), the passing run's p99 TTFT with its bootstrap interval, goodput under the SLO,
-TPOT/ITL and failures, and the exact commands to reproduce it. :class:`BenchmarkReport` writes
+For each configuration, :func:`~helpers.bench.search.find_max_rate` finds the highest Poisson rate whose
+p99 TTFT stays under the target (each probe decided with its 95% interval); :class:`ConfigResult` keeps that
+rate, the bracket that bounds it (the lowest rate that did not pass), the passing run's p99 TTFT with its
+bootstrap interval, goodput at that load under the SLO, TPOT/ITL and failures, every probe's statistic,
+interval and decision, and the exact commands to reproduce it. :class:`BenchmarkReport` writes
 ``phase2_benchmark_report.md``, ``.html`` (charts rendered offline to SVG) and ``.json``.
 """
 
@@ -72,8 +73,9 @@ class ConfigResult:
             itl_p50_ms=s.itl_ms.p50 if s else None, itl_p99_ms=s.itl_ms.p99 if s else None,
             completed=sum(p.run.summary.completed for p in result.probes if p.run),
             failed=sum(p.run.summary.failed for p in result.probes if p.run),
-            probes=[{"rate": p.rate, "p99_ttft_ms": p.value_ms, "passed": p.passed, "reason": p.reason}
-                    for p in result.probes],
+            probes=[{"rate": p.rate, "p99_ttft_ms": p.value_ms, "statistic": p.statistic, "value": p.value,
+                     "ci": list(p.ci) if p.ci else None, "decision": p.decision, "passed": p.passed,
+                     "reason": p.reason, "attempt": p.attempt, "kind": p.kind} for p in result.probes],
             server_command=server_command, bench_command=bench_command,
         )
 
@@ -111,6 +113,15 @@ def _verdict(configs: list[ConfigResult]) -> str:
             f"({most.goodput_fraction:.0%}). A p99 TTFT target alone rewards admitting everything and slowing decode; "
             "add the TPOT SLO to the target if users feel the decode speed.")
     return "\n".join(f"- {ln}" for ln in lines)
+
+
+def _probe_line(p: dict[str, Any], f: Any) -> str:
+    decision = p.get("decision") or ("pass" if p["passed"] else "fail")
+    ci = p.get("ci")
+    interval = f" [{ci[0]:,.0f}, {ci[1]:,.0f}]" if ci else ""
+    verdict = "pass" if decision == "pass" else decision.upper()
+    line = f"{p['rate']:.3g} req/s -> p99 {f(p['p99_ttft_ms'])} ms{interval} {verdict}"
+    return line + (f" ({p['reason']})" if decision != "pass" and p.get("reason") else "")
 
 
 def _ci(ci: tuple[float, float] | None) -> str:
@@ -169,9 +180,7 @@ class BenchmarkReport:
                       c.bench_command, "```", ""]
         probes = ["## Search, run by run", ""]
         for c in self.configs:
-            probes.append(f"- {c.name}: " + "; ".join(
-                f"{p['rate']:.3g} req/s -> p99 {f(p['p99_ttft_ms'])} ms {'pass' if p['passed'] else 'FAIL'}"
-                + (f" ({p['reason']})" if not p["passed"] and p["reason"] else "") for p in c.probes))
+            probes.append(f"- {c.name}: " + "; ".join(_probe_line(p, f) for p in c.probes))
         return "\n".join(head + table + verdict + repro + probes) + "\n"
 
     def write(self, directory: str | Path, charts: Mapping[str, Any] | None = None,

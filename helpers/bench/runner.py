@@ -1,10 +1,17 @@
-"""Running a benchmark: send a workload under an arrival process, record every request, summarize.
+"""Running a benchmark: send a workload under an arrival process, record every request, summarize, judge.
 
 ``run(...)`` works the same from a notebook cell (where an event loop is already running) and from the CLI: the
-harness always runs its own asyncio loop in a dedicated thread, while the calling thread shows a progress bar.
-With an output folder (:class:`~helpers.bench.store.RunFolder`), every finished request is appended to
-``requests.jsonl`` at once (a crash loses nothing finished), ``config.json`` is written first and
-``summary.json`` last. Warmup requests go to ``warmup.jsonl`` and count nowhere.
+harness (:class:`~helpers.bench.harness.Harness`) runs its own event loop in a dedicated thread, while the calling
+thread shows a progress bar, keeps a closed loop fed and watches the server's process. With an output folder
+(:class:`~helpers.bench.store.RunFolder`), every finished request is appended to ``requests.jsonl`` at once (a crash
+loses nothing finished), ``config.json`` is written first and ``summary.json`` last. Warmup requests go to
+``warmup.jsonl`` and count nowhere.
+
+A run is sized in requests (``num_requests``) or in seconds (``duration_s``: open loop, rate x duration requests;
+closed loop, ``C`` in flight until the time is up, then the drain). It is sent from this process (``workers=1``) or
+from several (:mod:`helpers.bench.workers`; ``workers="auto"`` sizes them from the expected chunk rate, see
+:func:`choose_workers`). The client's own health decides whether the run is **valid** (:mod:`helpers.bench.health`),
+and a server that stops answering ends the run, saying when and why.
 
 Server metrics: ``/metrics`` is scraped after warmup and after the run, its gauges are sampled during it, and the
 summary gets the server's view (:class:`helpers.metrics.ServerView`) and its reconciliation with the client's.
@@ -18,29 +25,37 @@ import dataclasses
 import datetime as _dt
 import gc
 import math
+import os
 import shlex
 import sys
-import threading
-import time
 import uuid
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-from .. import metrics as _metrics
 from .. import provenance, settings
 from ..metrics import ServerView
 from .arrivals import Arrivals, Synchronous
-from .client import ClientConfig, make_session, send
-from .records import Request, RequestResult, Timings
+from .client import ClientConfig
+from .harness import Harness, Supply
+from .health import ClientLimits, client_report, judge
+from .records import Request, RequestResult
 from .stats import SLO, metric_values, summarize
 from .store import RunFolder, RunResult
 from .workloads import Workload, WorkloadSpec
 
-__all__ = ["run", "reconcile", "Target", "target_of", "in_notebook"]
+__all__ = ["run", "reconcile", "Target", "target_of", "in_notebook", "choose_workers", "WORKER_CHUNKS_PER_S",
+           "STREAM_CHUNKS_PER_S"]
 
-GAUGES = ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc")
+#: Token-carrying chunks per second planned per sending process: about half of what one core parses.
+#: benchmarks/harness_capacity.py measured the sending loop at 90-270 ms of CPU per 1,000 chunks (16-token streams,
+#: uvloop, per-request costs included; fewer at higher rates, where reads batch), i.e. 4,000-8,000 chunks per
+#: CPU-second; planning half of ~5,000 leaves the loop idle enough to stay punctual.
+WORKER_CHUNKS_PER_S = 2500.0
+#: The stated rule for a closed loop, whose rate the server sets: each stream is assumed to deliver up to this many
+#: chunks per second (a fast GPU decodes about 100 tokens/s per sequence, one chunk each).
+STREAM_CHUNKS_PER_S = 100.0
 
 
 def in_notebook() -> bool:
@@ -137,185 +152,45 @@ def reconcile(view: ServerView, records: list[RequestResult]) -> dict[str, Any]:
     return out
 
 
-# ------------------------------------------------------------------------------------- harness
-class _Harness:
-    """The asyncio side of a run, living in its own thread and loop."""
+# ------------------------------------------------------------------------------------ how many workers
+def _cores() -> int:
+    with contextlib.suppress(AttributeError):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
 
-    def __init__(self, requests: list[Request], warmup: list[Request], arrivals: Arrivals, cfg: ClientConfig,
-                 folder: RunFolder | None, server_metrics: bool, sample_interval_s: float):
-        self.requests, self.warmup, self.arrivals, self.cfg = requests, warmup, arrivals, cfg
-        self.folder = folder
-        self.server_metrics, self.sample_interval_s = server_metrics, sample_interval_s
-        self.records: list[RequestResult] = []
-        self.warmup_records: list[RequestResult] = []
-        self.done = 0
-        self.failed = 0
-        self.in_flight = 0
-        self.phase = "starting"
-        self.lags: list[float] = []
-        self.cpu_s = 0.0
-        self.wall_s = 0.0
-        self.before: _metrics.Snapshot | None = None
-        self.after: _metrics.Snapshot | None = None
-        self.metrics_note: str | None = None
-        self.gauges: list[dict[str, float]] = []
-        self.server_version: str | None = None
-        self.perf_anchor = time.perf_counter()
-        self.wall_anchor = time.time()
-        self.error: BaseException | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._main: asyncio.Task | None = None
 
-    # -- thread plumbing -----------------------------------------------------------------------
-    def start(self) -> threading.Thread:
-        th = threading.Thread(target=self._thread_main, name="bench-harness", daemon=True)
-        th.start()
-        return th
+def choose_workers(workers: int | str, arrivals: Arrivals, requests: list[Request], concurrency: int,
+                   cores: int | None = None) -> tuple[int, dict[str, Any]]:
+    """How many processes send, and why: ``workers`` as given, or for ``"auto"`` what the client needs.
 
-    def _thread_main(self) -> None:
-        try:
-            asyncio.run(self._amain())
-        except BaseException as e:  # noqa: BLE001 - handed to the calling thread
-            self.error = e
+    ``auto`` estimates the chunk rate the client must parse: open loop, the arrivals' peak rate x the mean output
+    tokens asked for (one chunk per token at most); closed loop, the stated rule ``concurrency x``
+    :data:`STREAM_CHUNKS_PER_S`. Then ``ceil(rate /`` :data:`WORKER_CHUNKS_PER_S` ``)``, at least 1, at most the
+    cores this process may use. Returns the number and a record of the choice (it goes into the run's config).
 
-    def cancel(self) -> None:
-        if self._loop is not None and self._main is not None:
-            self._loop.call_soon_threadsafe(self._main.cancel)
-
-    async def _amain(self) -> None:
-        self._loop = asyncio.get_running_loop()
-        self._main = asyncio.current_task()
-        try:
-            async with make_session() as session:
-                await self._version(session)
-                if self.warmup:
-                    self.phase = "warmup"
-                    await self._closed(session, self.warmup, max(1, min(len(self.warmup), self._concurrency())),
-                                       warm=True)
-                await self._scrape_before()
-                sampler = None
-                if self.before is not None:
-                    gauges = [g for g in GAUGES if self.before.has(g)] or list(GAUGES)
-                    if not self.before.has("vllm:kv_cache_usage_perc") and self.before.has("vllm:gpu_cache_usage_perc"):
-                        gauges.append("vllm:gpu_cache_usage_perc")  # older vLLM
-                    sampler = _metrics.Sampler(self.cfg.base_url, gauges, self.sample_interval_s,
-                                               self.cfg.api_key).start()
-                self.phase = "measuring"
-                lag_task = asyncio.create_task(self._lag_monitor())
-                cpu0, wall0 = time.thread_time(), time.perf_counter()
-                try:
-                    if self.arrivals.open_loop:
-                        await self._open(session, self.requests, getattr(self.arrivals, "max_in_flight", None))
-                    else:
-                        await self._closed(session, self.requests, self._concurrency())
-                finally:
-                    self.cpu_s, self.wall_s = time.thread_time() - cpu0, time.perf_counter() - wall0
-                    lag_task.cancel()
-                    if sampler is not None:
-                        await asyncio.to_thread(sampler.stop)
-                        self.gauges = list(sampler.rows)
-                self.phase = "finishing"
-                if self.before is not None:
-                    try:
-                        self.after = await asyncio.to_thread(_metrics.scrape, self.cfg.base_url, 10.0, self.cfg.api_key)
-                    except _metrics.MetricsUnavailable as e:
-                        self.metrics_note = f"/metrics failed after the run: {e}"
-        finally:
-            if self.folder is not None:
-                self.folder.close()
-
-    def _concurrency(self) -> int:
-        return int(getattr(self.arrivals, "concurrency", None) or 8)
-
-    async def _version(self, session) -> None:
-        import aiohttp
-
-        root = _metrics.server_root(self.cfg.base_url)
-        with contextlib.suppress(Exception):
-            async with session.get(f"{root}/version", timeout=aiohttp.ClientTimeout(total=5)) as resp:
-                if resp.status == 200:
-                    self.server_version = (await resp.json(content_type=None)).get("version")
-
-    async def _scrape_before(self) -> None:
-        if not self.server_metrics:
-            self.metrics_note = "server metrics not requested (server_metrics=False)"
-            return
-        try:
-            self.before = await asyncio.to_thread(_metrics.scrape, self.cfg.base_url, 10.0, self.cfg.api_key)
-        except _metrics.MetricsUnavailable as e:
-            self.metrics_note = f"no server metrics ({e}); the run went on without them"
-
-    async def _lag_monitor(self, interval: float = 0.01) -> None:
-        while True:
-            t = time.perf_counter()
-            await asyncio.sleep(interval)
-            self.lags.append(time.perf_counter() - t - interval)
-
-    # -- dispatch ------------------------------------------------------------------------------
-    async def _one(self, session, req: Request, t_sched: float, sem: asyncio.Semaphore | None = None,
-                   warm: bool = False) -> None:
-        self.in_flight += 1
-        try:
-            if sem is not None:
-                async with sem:
-                    res = await self._send(session, req, t_sched)
-            else:
-                res = await self._send(session, req, t_sched)
-        finally:
-            self.in_flight -= 1
-        self._finish(res, warm)
-
-    async def _send(self, session, req: Request, t_sched: float) -> RequestResult:
-        try:
-            return await send(session, req, self.cfg, t_sched, self.perf_anchor, self.wall_anchor)
-        except asyncio.CancelledError:
-            raise
-        except Exception as e:  # noqa: BLE001 - a client bug must not make a request vanish
-            now = time.perf_counter()
-            return RequestResult(id=req.id, timings=Timings(t_scheduled=t_sched, t_dispatched=now, t_end=now,
-                                                            perf_anchor=self.perf_anchor,
-                                                            wall_anchor=self.wall_anchor),
-                                 endpoint=req.endpoint, error=f"client error: {type(e).__name__}: {e}",
-                                 expected_input_tokens=req.expected_input_tokens,
-                                 max_output_tokens=req.max_output_tokens, min_output_tokens=req.min_output_tokens,
-                                 warmup=req.warmup)
-
-    def _finish(self, res: RequestResult, warm: bool) -> None:
-        if self.folder is not None:
-            self.folder.record(res, warmup=warm)
-        if warm:
-            self.warmup_records.append(res)
-            return
-        self.records.append(res)
-        self.done += 1
-        if not res.ok:
-            self.failed += 1
-
-    async def _closed(self, session, reqs: list[Request], concurrency: int, warm: bool = False) -> None:
-        it = iter(reqs)
-
-        async def worker() -> None:
-            for req in it:
-                await self._one(session, req, time.perf_counter(), warm=warm)
-
-        await asyncio.gather(*(worker() for _ in range(min(concurrency, len(reqs)))))
-
-    async def _open(self, session, reqs: list[Request], cap: int | None) -> None:
-        sem = asyncio.Semaphore(cap) if cap else None
-        t0 = time.perf_counter()
-        tasks = []
-        try:
-            for req in reqs:
-                t_sched = t0 + float(req.send_offset_s or 0.0)
-                delay = t_sched - time.perf_counter()
-                if delay > 0:
-                    await asyncio.sleep(delay)
-                tasks.append(asyncio.create_task(self._one(session, req, t_sched, sem)))
-            await asyncio.gather(*tasks)
-        except asyncio.CancelledError:
-            for t in tasks:
-                t.cancel()
-            raise
+    Introduced in lab 10 (Load Testing Honestly).
+    """
+    cores = cores or _cores()
+    if workers != "auto":
+        n = int(workers)
+        if n < 1:
+            raise ValueError(f"workers must be >= 1 or 'auto', got {workers!r}")
+        why = f"{n} as asked" + (f" (more than the {cores} cores this process may use)" if n > cores else "")
+        return n, {"requested": n, "used": n, "cores": cores, "why": why}
+    out_mean = sum(r.max_output_tokens for r in requests) / len(requests) if requests else 0.0
+    if arrivals.open_loop:
+        rate = arrivals.peak_rate or 0.0
+        chunks = rate * out_mean
+        basis = f"{arrivals.describe()}: peak {rate:g} req/s x {out_mean:.0f} output tokens"
+    else:
+        chunks = concurrency * STREAM_CHUNKS_PER_S
+        basis = f"closed loop of {concurrency}: {concurrency} streams x {STREAM_CHUNKS_PER_S:g} chunks/s each (rule)"
+    need = max(1, math.ceil(chunks / WORKER_CHUNKS_PER_S))
+    n = min(need, cores)
+    why = (f"{basis} = {chunks:,.0f} chunks/s; {WORKER_CHUNKS_PER_S:,.0f} chunks/s per worker -> {need}"
+           + (f", capped at {cores} cores" if n < need else ""))
+    return n, {"requested": "auto", "used": n, "needed": need, "cores": cores, "expected_chunks_per_s": chunks,
+               "why": why}
 
 
 # ------------------------------------------------------------------------------------------ run
@@ -323,11 +198,11 @@ def _materialize(workload: Workload | WorkloadSpec, num_requests: int | None, se
                  tokenizer: str | None) -> Workload:
     if isinstance(workload, WorkloadSpec):
         if not num_requests:
-            raise ValueError("give num_requests= to build the workload from its spec")
+            raise ValueError("give num_requests= or duration_s= to build the workload from its spec")
         return workload.build(num_requests, seed=seed, warmup=warmup or 0, tokenizer=tokenizer)
     if not isinstance(workload, Workload):
-        raise TypeError(f"workload must be a Workload or a WorkloadSpec (FixedLength, SharedPrefix, FromJsonl), "
-                        f"got {type(workload).__name__}")
+        raise TypeError(f"workload must be a Workload or a WorkloadSpec (FixedLength, VariableLength, SharedPrefix, "
+                        f"FromJsonl, Conversations, Trace), got {type(workload).__name__}")
     wl = workload.head(num_requests) if num_requests else workload
     if warmup is not None:
         if warmup > len(wl.warmup):
@@ -335,6 +210,21 @@ def _materialize(workload: Workload | WorkloadSpec, num_requests: int | None, se
                              f"with spec.build(n, warmup={warmup})")
         wl = Workload(wl.endpoint, wl.requests, wl.warmup[:warmup], wl.spec)
     return wl
+
+
+def _more_from(spec: WorkloadSpec, seed: int, tokenizer: str | None, start: int):
+    """A closed loop's further requests, for a duration-sized run: chunk ``j`` is built with its own seed (fresh
+    prompts), ids continue the count."""
+    state = {"next": start, "chunk": 0}
+
+    def more(k: int) -> list[Request]:
+        state["chunk"] += 1
+        built = spec.build(max(k, 16), seed=seed + 104_729 * state["chunk"], warmup=0, tokenizer=tokenizer).requests
+        out = [dataclasses.replace(r, id=str(state["next"] + i)) for i, r in enumerate(built)]
+        state["next"] += len(out)
+        return out
+
+    return more
 
 
 def _default_out(arrivals: Arrivals) -> Path:
@@ -346,9 +236,12 @@ def _command(cfg: dict[str, Any], spec: Any, arrivals: Arrivals) -> str | None:
     wl_args = spec.cli_args() if isinstance(spec, WorkloadSpec) else None
     if wl_args is None:
         return None
+    size = (["--duration", f"{cfg['duration_s']:g}"] if cfg.get("duration_s") is not None
+            else ["--num-requests", str(cfg["num_requests"])])
     args = ["python", "-m", "helpers.bench", "run", "--base-url", cfg["base_url"], "--model", str(cfg["model"]),
-            *wl_args, *arrivals.cli_args(), "--num-requests", str(cfg["num_requests"]),
-            "--warmup", str(cfg["warmup"]), "--seed", str(cfg["seed"])]
+            *wl_args, *arrivals.cli_args(), *size, "--warmup", str(cfg["warmup"]), "--seed", str(cfg["seed"])]
+    if cfg.get("workers", {}).get("requested", 1) != 1:
+        args += ["--workers", str(cfg["workers"]["requested"])]
     if cfg.get("out"):
         args += ["--out", str(cfg["out"])]
     if cfg.get("temperature"):
@@ -365,7 +258,7 @@ def _command(cfg: dict[str, Any], spec: Any, arrivals: Arrivals) -> str | None:
 
 
 class _Progress:
-    def __init__(self, enabled: bool, total: int, desc: str, leave: bool):
+    def __init__(self, enabled: bool, total: int | None, desc: str, leave: bool):
         self.bar = None
         if enabled:
             with contextlib.suppress(ImportError):
@@ -373,7 +266,7 @@ class _Progress:
 
                 self.bar = tqdm(total=total, desc=desc, unit="req", leave=leave)
 
-    def update(self, h: _Harness) -> None:
+    def update(self, h: Harness) -> None:
         if self.bar is None:
             return
         if h.done > self.bar.n:
@@ -393,6 +286,7 @@ def run(
     base_url: Any,
     model: str | None = None,
     num_requests: int | None = None,
+    duration_s: float | None = None,
     warmup: int | None = None,
     seed: int = 0,
     out: str | Path | None | bool = None,
@@ -407,6 +301,8 @@ def run(
     progress: bool | None = None,
     label: str | None = None,
     command: str | None = None,
+    workers: int | str = 1,
+    client_limits: ClientLimits | None = None,
 ) -> RunResult:
     """Benchmark a server: send ``workload`` under ``arrivals`` (default synchronous) and summarize.
 
@@ -414,7 +310,15 @@ def run(
     served name (default: what the server lists). A :class:`WorkloadSpec` is built with ``num_requests``,
     ``seed`` and ``warmup`` — and, unless it names its own, with *the served model's tokenizer*, so prompt lengths
     are exact for that model. A built :class:`Workload` is sent as it is. Warmup requests (prompts disjoint from
-    the measured ones) run first, closed-loop, and count nowhere. ``slo`` adds goodput to the summary.
+    the measured ones) run first, closed-loop, and count nowhere. ``slo`` adds goodput to the summary. A trace
+    (:class:`~helpers.bench.traces.Trace`) brings its own arrivals.
+
+    ``duration_s`` sizes the run in seconds instead of ``num_requests``: open loop, the requests the arrivals send in
+    that time (rate x duration); closed loop, ``C`` requests in flight until it is up, then the drain.
+    ``workers``: 1 sends from this process; N from N worker processes on one clock; ``"auto"`` as many as the
+    expected chunk rate needs (:func:`choose_workers`; the choice is in ``config["workers"]``). A run whose client
+    was the bottleneck is marked invalid (``summary.valid``; limits in ``client_limits``). A server that stops
+    answering ends the run within seconds: ``config["status"]`` and ``summary.warnings`` say when and why.
 
     ``out``: the results folder; ``True`` for a new one under ``runs/bench/``; ``False`` to write nothing. The
     default is nothing in a notebook (the result is in memory) and a new folder from a script. ``progress``
@@ -423,10 +327,23 @@ def run(
 
     Introduced in lab 02 (Prefill and Decode).
     """
+    if arrivals is None and isinstance(workload, WorkloadSpec):
+        arrivals = workload.default_arrivals()
     arrivals = arrivals or Synchronous()
+    if num_requests is not None and duration_s is not None:
+        raise ValueError("give num_requests= or duration_s=, not both")
+    if duration_s is not None and not duration_s > 0:
+        raise ValueError(f"duration_s must be > 0 seconds, got {duration_s}")
     notebook = in_notebook()
     target = target_of(base_url, model=model, api_key=api_key)
-    wl = _materialize(workload, num_requests, seed, warmup, target.model_path)
+    concurrency = int(getattr(arrivals, "concurrency", None) or 8)
+    closed_duration = duration_s is not None and not arrivals.open_loop
+    n = num_requests
+    if duration_s is not None:
+        n = arrivals.count_for(duration_s) if arrivals.open_loop else max(4 * concurrency, 64)
+        if isinstance(workload, Workload):  # a built workload is sent as far as it goes
+            n = min(n, len(workload.requests)) if arrivals.open_loop else None
+    wl = _materialize(workload, n, seed, warmup, target.model_path)
     longest = max((r.expected_input_tokens or 0) + r.max_output_tokens for r in [*wl.requests, *wl.warmup]) \
         if wl.requests else 0
     if target.max_model_len and longest > target.max_model_len:
@@ -434,6 +351,15 @@ def run(
                          f"max_model_len is {target.max_model_len:,}: shorten it, or serve a longer context")
     offsets = arrivals.offsets(len(wl.requests)) if arrivals.open_loop else None
     reqs = [r.with_offset(o) for r, o in zip(wl.requests, offsets)] if offsets is not None else list(wl.requests)
+    supply = None
+    if not arrivals.open_loop:
+        more = (_more_from(workload, seed, target.model_path, len(reqs))
+                if closed_duration and isinstance(workload, WorkloadSpec) else None)
+        supply = Supply(reqs, more)
+    n_workers, workers_info = choose_workers(workers, arrivals, reqs, concurrency)
+    if n_workers > 1 and not arrivals.open_loop and n_workers > concurrency:
+        n_workers = concurrency
+        workers_info.update(used=n_workers, why=workers_info["why"] + f"; at most one per slot ({concurrency})")
     if out is None:
         out = not notebook
     out_dir = None if out is False else (_default_out(arrivals) if out is True else Path(out))
@@ -448,21 +374,26 @@ def run(
         "base_url": target.base_url, "model": target.model, "model_path": target.model_path,
         "endpoint": wl.endpoint, "arrivals": arrivals.as_dict(), "arrivals_description": arrivals.describe(),
         "workload": wl.spec or (spec.as_dict() if spec else {}),
-        "num_requests": len(wl.requests), "warmup": len(wl.warmup), "seed": seed,
+        "num_requests": None if closed_duration else len(reqs), "duration_s": duration_s,
+        "warmup": len(wl.warmup), "seed": seed, "workers": workers_info,
         "out": str(out_dir) if out_dir else None, "timeout_s": timeout_s, "temperature": temperature,
         "vllm_extras": vllm_extras, "extra_body": extra_body or {}, "slo": slo.as_dict() if slo else None,
         "server_metrics": server_metrics, "sample_interval_s": sample_interval_s,
         "api_key_set": bool(target.api_key), "argv": command,
     }
-    h = _Harness(reqs, list(wl.warmup), arrivals, cfg, folder, server_metrics, sample_interval_s)
+    h = Harness(requests=reqs if arrivals.open_loop else [], supply=supply, warmup=list(wl.warmup),
+                arrivals=arrivals, cfg=cfg, folder=folder, server_metrics=server_metrics,
+                sample_interval_s=sample_interval_s, concurrency=concurrency, workers=n_workers,
+                duration_s=duration_s)
     config["anchor"] = {"perf_counter": h.perf_anchor, "wall": h.wall_anchor}
     config["versions"] = provenance.versions()
     config["command"] = command or _command(config, spec, arrivals)
     if folder is not None:
         folder.config(config)
 
-    bar = _Progress(notebook if progress is None else progress, len(reqs), label or arrivals.describe(),
-                    leave=not notebook)
+    bar = _Progress(notebook if progress is None else progress, None if closed_duration else len(reqs),
+                    label or arrivals.describe(), leave=not notebook)
+    watched = base_url if hasattr(base_url, "running") and not isinstance(base_url, str) else None
     # A full garbage collection of a big heap (a notebook with torch and transformers loaded holds millions of
     # objects) stops every thread for ~100 ms: freeze what exists, so only the run's own objects are ever scanned.
     freeze = gc.get_freeze_count() == 0
@@ -472,7 +403,8 @@ def run(
     interrupted = False
     try:
         while th.is_alive():
-            th.join(timeout=0.2)
+            th.join(timeout=0.1)
+            h.tick(watched)
             bar.update(h)
     except KeyboardInterrupt:
         interrupted = True
@@ -488,14 +420,22 @@ def run(
         if folder is not None:
             folder.config(config)
         raise h.error
+    return _finish(h, config, reqs if arrivals.open_loop else (supply.given if supply else []), slo, seed, folder,
+                   out_dir, interrupted, client_limits)
 
+
+def _finish(h: Harness, config: dict[str, Any], planned: list[Request], slo: SLO | None, seed: int,
+            folder: RunFolder | None, out_dir: Path | None, interrupted: bool,
+            limits: ClientLimits | None) -> RunResult:
+    """The run's records in workload order, its summary, the verdict on the client and on the server's fate."""
     config["versions"]["server"] = h.server_version
     config["finished"] = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     config["status"] = "interrupted" if interrupted else "complete"
+    config["start_perf_counter"] = h.t0  # the schedule's time 0 (every worker's, on the one monotonic clock)
     if config["command"] is None:
         config["command_note"] = ("the workload was a Workload built in Python, which the CLI cannot express: "
                                   "rebuild it and call bench.run with the parameters above")
-    order = {r.id: i for i, r in enumerate(reqs)}
+    order = {r.id: i for i, r in enumerate(planned)}
     records = sorted(h.records, key=lambda r: order.get(r.id, len(order)))
     summary = summarize(records, slo=slo, seed=seed)
     origin = min((r.timings.t_dispatched for r in records if r.timings.t_dispatched is not None), default=None)
@@ -507,13 +447,27 @@ def run(
         note = h.metrics_note or ("the run was interrupted before the closing /metrics scrape"
                                   if interrupted else "no server metrics")
         summary.server = ServerView.unavailable(note)
-        if server_metrics:
+        if h.server_metrics:
             summary.warnings.append(f"server metrics: {note}")
-    summary.client = _client_report(h, len(records))
-    if summary.client.get("warning"):
-        summary.warnings.append(summary.client["warning"])
+    summary.client = client_report(h.health, len(records), config.get("workers"))
+    if not interrupted:
+        # The limits scale with the TTFT: the server's own (from /metrics) when it gives one, since a saturated
+        # client inflates the TTFT it measures; else the client's median.
+        view = summary.server
+        reference = getattr(view, "ttft_mean_ms", None) if getattr(view, "available", False) else None
+        reason = judge(h.health, reference or summary.ttft_ms.p50, limits)
+        if reason is not None:
+            summary.mark_invalid(f"the client was the bottleneck: {reason}")
+        elif (summary.client.get("loop_lag_p99_ms") or 0.0) > 10.0:
+            summary.warnings.append(f"the client's event loop lagged (p99 {summary.client['loop_lag_p99_ms']:.1f} ms), "
+                                    "within the run's limits but visible in its shortest latencies")
+    if h.death is not None:
+        _server_death(h, summary, config, records, planned, origin)
+    if h.ran_out_at is not None and h.death is None:
+        summary.warnings.append(f"the workload's {len(planned)} requests ran out before duration_s: build a bigger "
+                                "one (or pass a WorkloadSpec, which makes more as needed)")
     if interrupted:
-        summary.warnings.append(f"interrupted: {len(records)} of {len(reqs)} requests finished")
+        summary.warnings.append(f"interrupted: {len(records)} requests finished")
     result = RunResult(records=records, summary=summary, config=config, warmup_records=h.warmup_records,
                        gauges=gauges, out_dir=out_dir)
     if folder is not None:
@@ -521,6 +475,31 @@ def run(
     if interrupted:
         raise KeyboardInterrupt(f"benchmark interrupted; {len(records)} finished requests are in {out_dir}")
     return result
+
+
+def _server_death(h: Harness, summary: Any, config: dict[str, Any], records: list[RequestResult],
+                  planned: list[Request], origin: float | None) -> None:
+    t_dead, why = h.death  # type: ignore[misc]
+    # Dated at the first connection failure after the last completed request, when that came before the verdict
+    # (a process seen gone, or /health refused): that is when it stopped answering.
+    last_ok = max((r.timings.t_end for r in records if r.ok and r.timings.t_end is not None
+                   and r.timings.t_end <= t_dead), default=-math.inf)
+    streak = [r.timings.t_end for r in records if not r.ok and r.connection_error and r.timings.t_end is not None
+              and last_ok < r.timings.t_end <= t_dead]
+    t_dead = min([t_dead, *streak])
+    zero = origin if origin is not None else (h.t0 or h.perf_anchor)
+    before = sum(1 for r in records if not r.ok and (r.timings.t_end or t_dead) < t_dead)
+    after = sum(1 for r in records if not r.ok and (r.timings.t_end or t_dead) >= t_dead)
+    last = max((r.timings.t_dispatched for r in records if r.timings.t_dispatched is not None), default=t_dead)
+    not_sent = max(len(planned) - len(records), 0) if config.get("num_requests") is not None else None
+    status = f"server died at t={t_dead - zero:.1f} s: {why}"
+    death = {"t_s": t_dead - zero, "reason": why, "failed_before": before, "failed_with_it": after,
+             "not_sent": not_sent, "last_dispatch_after_s": last - t_dead}
+    config["status"] = status
+    config["server_death"] = summary.server_death = death
+    unsent = f"; {not_sent} never sent" if not_sent is not None else ""
+    summary.warnings.append(f"{status}. Sending stopped; {after} requests failed with it (not the server's answers "
+                            f"to the load), {before} failed before it{unsent}. Every record sent is kept.")
 
 
 def _gauges_relative(rows: list[dict[str, float]], perf_anchor: float, wall_anchor: float,
@@ -533,26 +512,3 @@ def _gauges_relative(rows: list[dict[str, float]], perf_anchor: float, wall_anch
         g["wall"] = row["t"]
         out.append({k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in g.items()})
     return out
-
-
-def _client_report(h: _Harness, n: int) -> dict[str, Any]:
-    import numpy as np
-
-    lags = np.asarray(h.lags) * 1000.0 if h.lags else np.zeros(0)
-    rep: dict[str, Any] = {
-        "cpu_s": h.cpu_s, "wall_s": h.wall_s,
-        "cpu_per_request_ms": h.cpu_s / n * 1000.0 if n else None,
-        "cpu_utilization": h.cpu_s / h.wall_s if h.wall_s else None,
-        "loop_lag_p50_ms": float(np.percentile(lags, 50)) if lags.size else None,
-        "loop_lag_p99_ms": float(np.percentile(lags, 99)) if lags.size else None,
-        "loop_lag_max_ms": float(lags.max()) if lags.size else None,
-    }
-    if lags.size and rep["loop_lag_p99_ms"] > 10.0:
-        cpu = rep["cpu_utilization"] or 0.0
-        why = (f"the client itself was busy ({cpu:.0%} of a core): lower the load or use more client processes"
-               if cpu > 0.5 else
-               f"the client used only {cpu:.0%} of a core, so the machine was busy with something else (a server "
-               "on the same cores?)")
-        rep["warning"] = (f"the client's event loop lagged (p99 {rep['loop_lag_p99_ms']:.1f} ms): latencies include "
-                          f"client delay; {why}")
-    return rep

@@ -10,22 +10,19 @@ from __future__ import annotations
 
 import datetime as _dt
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
-
-import numpy as np
 
 from .. import settings
 from .arrivals import Arrivals, Concurrent, Poisson
 from .charts import latency_throughput
-from .records import RequestResult
 from .runner import run
-from .stats import SLO, metric_values
+from .stats import METRICS, SLO, metric_values, quantile_with_ci, steady_state_window, wilson_interval, window_records
 from .store import RunResult
 from .workloads import WorkloadSpec
 
-__all__ = ["sweep", "SweepResult", "find_max_rate", "MaxRateResult", "Probe"]
+__all__ = ["sweep", "SweepResult", "find_max_rate", "MaxRateResult", "Probe", "Remeasure"]
 
 
 def _parent(out: str | Path | None | bool, kind: str) -> Path | None:
@@ -39,7 +36,8 @@ def _parent(out: str | Path | None | bool, kind: str) -> Path | None:
 # -------------------------------------------------------------------------------------- sweeps
 @dataclass
 class SweepResult:
-    """Runs of a sweep, in order, with one summary row per run in ``df``.
+    """Runs of a sweep, in order, with one summary row per run in ``df`` (``valid`` first: an invalid run measured
+    the client, not the server).
 
     Introduced in lab 11 (Latency, Throughput, Goodput).
     """
@@ -55,14 +53,15 @@ class SweepResult:
         rows = []
         for v, r in zip(self.values, self.runs):
             s = r.summary
-            row = {self.parameter: v, "completed": s.completed, "failed": s.failed,
+            row = {self.parameter: v, "valid": s.valid, "completed": s.completed, "failed": s.failed,
                    "request_throughput": s.request_throughput, "output_throughput": s.output_throughput,
                    "achieved_rate": s.achieved_rate}
-            for m in ("ttft", "tpot", "itl", "e2e", "client_queue"):
+            for m in METRICS:
                 dist = getattr(s, f"{m}_ms")
                 row[f"{m}_p50_ms"], row[f"{m}_p99_ms"] = dist.p50, dist.p99
-            if s.goodput is not None:
-                row["goodput"] = s.goodput.goodput_rps
+            if s.goodput_at_load is not None:
+                row["goodput"] = row["goodput_at_load"] = s.goodput_at_load.goodput_rps
+                row["attainment"] = s.goodput_at_load.attainment
             rows.append(row)
         return pd.DataFrame(rows)
 
@@ -114,9 +113,17 @@ def sweep(
     return SweepResult(runs=runs, parameter="rate" if rates is not None else "concurrency", values=values)
 
 
+# ------------------------------------------------------------------------------ max rate at an SLO
 @dataclass
 class Probe:
-    """One run of :func:`find_max_rate`: its rate, the measured quantile, and whether it passed (and why not).
+    """One run of :func:`find_max_rate`: its rate, its statistic with a 95% interval, and the decision.
+
+    ``statistic`` names what was measured: ``"ttft p99 (ms)"`` (quantile mode; ``value_ms`` holds it too) or
+    ``"attainment"`` (the share of requests meeting the SLO). ``decision`` is ``"pass"`` (the interval lies on the
+    good side of the target), ``"fail"`` (on the bad side, or requests failed, or the client fell behind) or
+    ``"undecided"`` (the interval straddles the target even at the longest duration tried, or the run was invalid
+    because the client was the bottleneck); ``passed`` is ``decision == "pass"``. ``attempt`` counts reruns at the
+    same rate (each twice as long); ``kind`` is ``"search"`` or ``"confirm"``.
 
     Introduced in lab 11 (Latency, Throughput, Goodput).
     """
@@ -126,11 +133,33 @@ class Probe:
     passed: bool
     reason: str
     run: RunResult | None = None
+    ci: tuple[float, float] | None = None
+    decision: str = "pass"
+    statistic: str = ""
+    value: float | None = None
+    attempt: int = 0
+    duration_s: float = 0.0
+    kind: str = "search"
+
+    def describe(self) -> str:
+        ci = f"[{self.ci[0]:.4g}, {self.ci[1]:.4g}]" if self.ci else "[-]"
+        value = "-" if self.value is None else f"{self.value:.4g}"
+        extra = "" if self.decision == "pass" else f" ({self.reason})"
+        again = f", rerun {self.attempt}" if self.attempt else ""
+        kind = " confirm" if self.kind == "confirm" else ""
+        return (f"{self.rate:.4g} req/s{kind}{again}, {self.duration_s:g} s: {self.statistic} {value}, 95% CI {ci} -> "
+                f"{self.decision}{extra}")
 
 
 @dataclass
 class MaxRateResult:
-    """The highest Poisson rate found that kept ``q`` quantile of ``metric`` within the SLO.
+    """The highest Poisson rate found that met the target, with every probe and what the search could not settle.
+
+    ``mode`` is ``"quantile"`` (the ``q`` quantile of ``metric`` within ``target_ms``) or ``"attainment"`` (at least
+    ``attainment`` of requests meeting every bound of ``slo``: DistServe's goodput, :attr:`max_rate_at_slo`).
+    ``bracket`` is (the highest rate that passed, the lowest that did not). ``non_monotonic`` lists (passing rate,
+    failing rate) pairs where a rate passed at or above one that failed: kept, never dropped, and said in ``str``.
+    ``confirmed`` is the verdict of the ``confirm`` re-measurement (``None`` without one).
 
     Introduced in lab 11 (Latency, Throughput, Goodput).
     """
@@ -141,87 +170,228 @@ class MaxRateResult:
     target_ms: float
     probes: list[Probe]
     bracket: tuple[float | None, float | None]
+    mode: str = "quantile"
+    attainment: float | None = None
+    slo: SLO | None = None
+    non_monotonic: list[tuple[float, float]] = field(default_factory=list)
+    confirmed: bool | None = None
+
+    @property
+    def max_rate_at_slo(self) -> float | None:
+        """DistServe's goodput: the found rate in attainment mode (``None`` in quantile mode, which is another
+        question)."""
+        return self.rate if self.mode == "attainment" else None
+
+    @property
+    def undecided(self) -> list[float]:
+        """Rates the search could not decide on (their interval straddled the target, or the run was invalid)."""
+        return [p.rate for p in self.probes if p.decision == "undecided" and _final(self.probes, p)]
 
     @property
     def df(self):
         import pandas as pd
 
-        return pd.DataFrame([{"rate": p.rate, f"{self.metric}_p{self.q * 100:g}_ms": p.value_ms, "passed": p.passed,
-                              "reason": p.reason} for p in self.probes])
+        return pd.DataFrame([{"rate": p.rate, "kind": p.kind, "attempt": p.attempt, "duration_s": p.duration_s,
+                              "statistic": p.statistic, "value": p.value,
+                              "ci_low": p.ci[0] if p.ci else None, "ci_high": p.ci[1] if p.ci else None,
+                              f"{self.metric}_p{self.q * 100:g}_ms": p.value_ms, "decision": p.decision,
+                              "passed": p.passed, "reason": p.reason} for p in self.probes])
+
+    def table(self) -> str:
+        """One line per probe: rate, statistic, interval, decision."""
+        return "\n".join(p.describe() for p in self.probes)
 
     def __str__(self) -> str:
         lo, hi = self.bracket
-        best = f"{self.rate:.3g} req/s" if self.rate is not None else "none (even the lowest rate failed)"
         fmt = lambda r: "none" if r is None else f"{r:.3g}"  # noqa: E731
-        return (f"max rate with {self.metric} p{self.q * 100:g} <= {self.target_ms:g} ms: {best} "
-                f"(passes at {fmt(lo)}, fails at {fmt(hi)}; {len(self.probes)} runs)")
+        best = f"{self.rate:.3g} req/s" if self.rate is not None else "none (no rate passed)"
+        if self.mode == "attainment":
+            what = f"max rate with >= {self.attainment:.0%} of requests meeting {self.slo}"
+        else:
+            what = f"max rate with {self.metric} p{self.q * 100:g} <= {self.target_ms:g} ms"
+        out = f"{what}: {best} (passes at {fmt(lo)}, not at {fmt(hi)}; {len(self.probes)} runs)"
+        if self.undecided:
+            out += f"; undecided at {', '.join(f'{r:.3g}' for r in self.undecided)} req/s"
+        if self.non_monotonic:
+            out += ("; NOT MONOTONIC: passed at " + ", ".join(f"{p:.3g} after failing at {f:.3g}"
+                                                           for p, f in self.non_monotonic) + " req/s")
+        if self.confirmed is not None:
+            out += "; confirmed on a fresh measurement" if self.confirmed else "; NOT confirmed on a fresh measurement"
+        return out
+
+
+def _final(probes: list[Probe], p: Probe) -> bool:
+    """Is ``p`` the last search probe at its rate (the one whose decision counts)?"""
+    same = [x for x in probes if x.rate == p.rate and x.kind == p.kind]
+    return same[-1] is p
+
+
+class Remeasure:
+    """What ``confirm`` is given: call it (``remeasure(base_url=...)``) to re-measure the found rate, e.g. against a
+    freshly started server; it runs one more probe at that rate with fresh prompts and returns its run.
+
+    Introduced in lab 11 (Latency, Throughput, Goodput).
+    """
+
+    def __init__(self, rate: float, duration_s: float, probe: Callable[..., Probe]):
+        self.rate, self.duration_s = rate, duration_s
+        self._probe = probe
+        self.probe: Probe | None = None
+
+    def __call__(self, base_url: Any = None) -> RunResult | None:
+        self.probe = self._probe(base_url)
+        return self.probe.run
+
+
+def _judge(r: Any, mode: str, metric: str, q: float, target: float, slo: SLO, max_failure_rate: float,
+           seed: int) -> tuple[str, float | None, tuple[float, float] | None, list[str], bool]:
+    """A probe's decision from its run: (decision, value, ci, reasons, worth repeating).
+
+    The quantile's interval is the bootstrap one the summary reports (``p99_ci``). For a high quantile it cannot
+    reach above the largest value measured, so with few requests a pass says that (nearly) every request met the
+    target; more requests per probe make it say more."""
+    s = r.summary
+    capped = bool((getattr(r, "config", None) or {}).get("arrivals", {}).get("max_in_flight"))
+    window = steady_state_window(r.records)
+    if mode == "attainment":
+        judged = window_records(r.records, window)
+        met = sum(1 for x in judged if slo.met(x))
+        value = met / len(judged) if judged else None
+        ci = wilson_interval(met, len(judged))
+        good_side = ci is not None and ci[0] >= target
+        bad_side = ci is not None and ci[1] < target
+        where = (f"attainment {value:.1%} with 95% CI [{ci[0]:.1%}, {ci[1]:.1%}] against {target:.0%}"
+                 if value is not None and ci else "no requests in the window")
+    else:
+        value, ci = quantile_with_ci(metric_values(r.records, metric, window), q, seed=seed)
+        good_side = ci is not None and ci[1] <= target
+        bad_side = ci is not None and ci[0] > target
+        where = (f"p{q * 100:g} {value:.1f} ms with 95% CI [{ci[0]:.1f}, {ci[1]:.1f}] against {target:g} ms"
+                 if value is not None and ci else "no completed requests")
+    reasons: list[str] = []
+    if value is None or ci is None:
+        reasons.append(where)
+        return "fail", value, ci, reasons, False
+    if s.failure_rate > max_failure_rate:
+        reasons.append(f"{s.failure_rate:.1%} of requests failed")
+    cq = s.client_queue_ms.p99
+    if mode == "quantile" and capped and cq is not None and cq > 0.1 * target:
+        reasons.append(f"requests waited for the max_in_flight cap (client queue p99 {cq:.1f} ms)")
+    if reasons:
+        return "fail", value, ci, [where, *reasons], False
+    if not getattr(s, "valid", True):  # the client, not the server, set these numbers: they decide nothing
+        return "undecided", value, ci, [where, f"invalid run: {s.invalid_reason}"], False
+    if good_side:
+        return "pass", value, ci, [where], False
+    if bad_side:
+        return "fail", value, ci, [where], False
+    return "undecided", value, ci, [where + ": the interval straddles the target"], True
 
 
 def find_max_rate(
     workload: WorkloadSpec,
     slo: SLO,
     *,
-    metric: str = "ttft",
+    attainment: float | None = None,
+    metric: str | None = None,
     q: float = 0.99,
     start_rate: float = 1.0,
     max_rate: float | None = None,
     rel_tol: float = 0.1,
     max_runs: int = 8,
+    max_repeats: int = 1,
     duration_s: float = 20.0,
     min_requests: int = 30,
     max_failure_rate: float = 0.01,
+    confirm: Callable[[Remeasure], Any] | None = None,
     seed: int = 0,
     out: str | Path | None | bool = None,
     runner: Callable[..., RunResult] | None = None,
     **run_kwargs: Any,
 ) -> MaxRateResult:
-    """Search the highest Poisson rate whose ``q`` quantile of ``metric`` stays within ``slo``.
+    """Search the highest Poisson rate that meets a target, deciding each probe with its uncertainty.
 
-    Bracketing then bisection: from ``start_rate`` double while runs pass (halve while they fail)
-    until a pass and a fail bracket the answer, then bisect until the bracket is within ``rel_tol``
-    of the passing rate, or ``max_runs`` runs were made. A run passes when the quantile is within the
-    SLO's bound for ``metric``, at most ``max_failure_rate`` of requests failed, and the client kept
-    its schedule (client queue p99 under 10% of the bound). Each run lasts about ``duration_s``
-    (at least ``min_requests`` requests) with fresh prompts. ``runner`` replaces :func:`run` (for tests).
+    Two targets. ``attainment=P`` (DistServe's goodput, ``max_rate_at_slo``): at least ``P`` of the requests meet
+    every bound of ``slo`` (TTFT *and* TPOT); the share's 95% interval is Wilson's. Without it (or with
+    ``metric="ttft", q=0.99``, the default, which lab 11's report uses): the ``q`` quantile of ``metric`` stays
+    within ``slo``'s bound for it; its 95% interval is a bootstrap. Both are over the requests dispatched in each
+    run's steady-state window.
+
+    A probe **passes** when its whole interval is on the good side of the target, **fails** when it is wholly on
+    the bad side (or more than ``max_failure_rate`` of requests failed, or requests waited for an explicit
+    ``max_in_flight`` cap for over 10% of the target), and is otherwise **rerun** with twice the duration, up to
+    ``max_repeats`` times, then recorded ``undecided``. An invalid run (the client was the bottleneck, e.g. it fell
+    behind its schedule) is ``undecided`` and not rerun. Only passes count as passing.
+
+    Bracketing then bisection: from ``start_rate`` double while probes pass (halve while they do not) until a pass
+    and a non-pass bracket the answer, then bisect until the bracket is within ``rel_tol`` of the passing rate, or
+    ``max_runs`` runs (reruns included) were made. Each run lasts about ``duration_s`` (at least ``min_requests``
+    requests) with fresh prompts. A pass at or above a failed rate is kept and flagged (``non_monotonic``).
+    ``confirm(remeasure)``, if given, is called with a :class:`Remeasure` of the found rate (it may start a fresh
+    server and call ``remeasure(base_url=that_server)``); its verdict is ``confirmed``. ``runner`` replaces
+    :func:`run` (for tests).
 
     Introduced in lab 11 (Latency, Throughput, Goodput).
     """
-    m = metric.removesuffix("_ms")
-    target = getattr(slo, f"{m}_ms", None)
-    if target is None:
-        raise ValueError(f"slo sets no bound for {m!r}: e.g. SLO({m}_ms=500)")
+    if attainment is not None and metric is not None:
+        raise ValueError("give attainment=P (share of requests meeting the whole SLO) or metric=... with q=... "
+                         "(a quantile within its bound), not both")
+    mode = "attainment" if attainment is not None else "quantile"
+    m = (metric or "ttft").removesuffix("_ms")
+    if mode == "attainment":
+        if not 0 < attainment < 1:  # type: ignore[operator]
+            raise ValueError(f"attainment is a share of requests, between 0 and 1 (e.g. 0.9), got {attainment}")
+        if not slo.is_set():
+            raise ValueError("attainment needs an SLO with bounds, e.g. SLO(ttft_ms=500, tpot_ms=50)")
+        target = float(attainment)  # type: ignore[arg-type]
+        statistic = "attainment"
+    else:
+        bound = getattr(slo, f"{m}_ms", None)
+        if bound is None:
+            raise ValueError(f"slo sets no bound for {m!r}: e.g. SLO({m}_ms=500)")
+        target = float(bound)
+        statistic = f"{m} p{q * 100:g} (ms)"
     runner = runner or run
     parent = _parent(out, "maxrate")
     probes: list[Probe] = []
+    counter = {"runs": 0}
+
+    def measure(rate: float, dur: float, attempt: int, kind: str = "search",
+                base_url: Any = None) -> tuple[Probe, bool]:
+        i = counter["runs"]
+        counter["runs"] += 1
+        n = max(min_requests, int(math.ceil(rate * dur)))
+        name = f"probe-{i}-rate-{rate:.4g}" + (f"-rerun-{attempt}" if attempt else "") + ("-confirm" if kind ==
+                                                                                           "confirm" else "")
+        kwargs = dict(run_kwargs)
+        if base_url is not None:
+            kwargs["base_url"] = base_url
+        r = runner(workload, Poisson(rate, seed=seed + i), num_requests=n, seed=seed + i,
+                   out=False if parent is None else parent / name, slo=slo, label=f"rate {rate:.4g}", **kwargs)
+        decision, value, ci, reasons, worth_repeating = _judge(r, mode, m, q, target, slo, max_failure_rate, seed + i)
+        p = Probe(rate=rate, value_ms=value if mode == "quantile" else None, passed=decision == "pass",
+                  reason="; ".join(reasons), run=r, ci=ci, decision=decision, statistic=statistic, value=value,
+                  attempt=attempt, duration_s=dur, kind=kind)
+        probes.append(p)
+        return p, worth_repeating
+
     lo: float | None = None
     hi: float | None = None
     rate = float(start_rate)
-    for i in range(max_runs):
-        n = max(min_requests, int(math.ceil(rate * duration_s)))
-        r = runner(workload, Poisson(rate, seed=seed + i), num_requests=n, seed=seed + i,
-                   out=False if parent is None else parent / f"probe-{i}-rate-{rate:.4g}", slo=slo,
-                   label=f"rate {rate:.4g}", **run_kwargs)
-        s = r.summary
-        dist = getattr(s, f"{m}_ms")
-        value = dist.p99 if q == 0.99 else _quantile(r.records, m, q)
-        reasons = []
-        if value is None:
-            reasons.append("no completed requests")
-        elif value > target:
-            reasons.append(f"p{q * 100:g} {value:.1f} ms > {target:g} ms")
-        if s.failure_rate > max_failure_rate:
-            reasons.append(f"{s.failure_rate:.1%} failed")
-        cq = s.client_queue_ms.p99
-        if cq is not None and cq > 0.1 * target:
-            reasons.append(f"client fell behind its schedule (client queue p99 {cq:.1f} ms)")
-        passed = not reasons
-        probes.append(Probe(rate, value, passed, "; ".join(reasons) or "ok", r))
-        if passed:
-            lo = rate if lo is None else max(lo, rate)
+    lo_duration = duration_s
+    while counter["runs"] < max_runs:
+        dur, attempt = duration_s, 0
+        p, again = measure(rate, dur, attempt)
+        while again and attempt < max_repeats and counter["runs"] < max_runs:
+            attempt, dur = attempt + 1, dur * 2
+            p, again = measure(rate, dur, attempt)
+        if p.passed:
+            if lo is None or rate > lo:
+                lo, lo_duration = rate, dur
         else:
             hi = rate if hi is None else min(hi, rate)
         if lo is not None and hi is not None:
-            if (hi - lo) / lo <= rel_tol:
+            if hi <= lo or (hi - lo) / lo <= rel_tol:
                 break
             rate = (lo + hi) / 2
         elif lo is not None:
@@ -230,10 +400,22 @@ def find_max_rate(
             rate = rate * 2 if max_rate is None else min(rate * 2, max_rate)
         else:
             rate = rate / 2
-    return MaxRateResult(rate=lo, metric=m, q=q, target_ms=float(target), probes=probes, bracket=(lo, hi))
+    confirmed = None
+    if confirm is not None and lo is not None:
+        found, found_s = lo, lo_duration
+        remeasure = Remeasure(found, found_s, lambda base_url=None: measure(found, found_s, 0, "confirm", base_url)[0])
+        confirm(remeasure)
+        if remeasure.probe is None:
+            raise RuntimeError("confirm(remeasure) must call remeasure(...) (optionally with base_url=a fresh server)")
+        confirmed = remeasure.probe.passed
+    return MaxRateResult(rate=lo, metric=m, q=q, target_ms=target if mode == "quantile" else float("nan"),
+                         probes=probes, bracket=(lo, hi), mode=mode, attainment=attainment, slo=slo,
+                         non_monotonic=_non_monotonic(probes), confirmed=confirmed)
 
 
-def _quantile(records: list[RequestResult], metric: str, q: float) -> float | None:
-
-    vals = metric_values(records, metric)
-    return float(np.percentile(vals, q * 100)) if vals else None
+def _non_monotonic(probes: list[Probe]) -> list[tuple[float, float]]:
+    """(passing rate, failing rate) pairs where a rate passed at or above one that failed (final decisions)."""
+    final = [p for p in probes if _final(probes, p)]
+    passes = sorted({p.rate for p in final if p.decision == "pass"})
+    fails = sorted({p.rate for p in final if p.decision == "fail"})
+    return [(a, b) for a in passes for b in fails if a >= b]

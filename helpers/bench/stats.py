@@ -1,9 +1,18 @@
 """From request records to a run's numbers: distributions with confidence intervals, the steady-state
-window, throughput, goodput under an SLO, and the comparison of two runs.
+window, throughput, the two goodputs under an SLO, and the comparison of two runs.
 
 Warmup records are never counted. Percentiles are over completed requests and every summary carries
-the failures next to them. Confidence intervals are bootstrap intervals, seeded, so the same records
-always give the same numbers.
+the failures next to them. The steady-state window excludes ramp-up and drain from the latencies (the
+requests dispatched in it count) as from the throughputs; whole-run latencies stay in ``whole_run``.
+Confidence intervals are bootstrap intervals, seeded, so the same records always give the same numbers.
+
+Two goodputs, named apart:
+
+- ``goodput_at_load`` (vLLM's ``--goodput``): requests per second, at the load this run offered, that met
+  every set SLO; one number per run (:func:`goodput`).
+- ``max_rate_at_slo`` (DistServe): the highest rate at which at least P% of requests meet TTFT *and* TPOT;
+  a search over runs (:func:`helpers.bench.search.find_max_rate` with ``attainment=P``). Each run's share
+  is its ``attainment``, with a 95% interval (:attr:`Goodput.attainment_ci`).
 """
 
 from __future__ import annotations
@@ -19,6 +28,7 @@ from .records import RequestResult
 
 __all__ = [
     "Distribution",
+    "Latencies",
     "Window",
     "SLO",
     "Goodput",
@@ -30,11 +40,15 @@ __all__ = [
     "compare",
     "metric_values",
     "bootstrap_quantile",
+    "quantile_with_ci",
+    "wilson_interval",
+    "window_records",
     "METRICS",
 ]
 
-#: The latency metrics a summary describes, each in milliseconds.
-METRICS = ("ttft", "tpot", "itl", "e2e", "client_queue")
+#: The latency metrics a summary describes, each in milliseconds. ``itl`` is per token (ours), ``itl_per_chunk``
+#: one value per stream chunk after the first (``vllm bench serve``'s ITL).
+METRICS = ("ttft", "tpot", "itl", "itl_per_chunk", "e2e", "client_queue")
 _PCTS = (50, 90, 95, 99)
 _N_BOOT = 2000
 
@@ -75,6 +89,36 @@ def _ci(boot: np.ndarray) -> tuple[float, float] | None:
         return None
     lo, hi = np.percentile(boot, [2.5, 97.5])
     return (float(lo), float(hi))
+
+
+def quantile_with_ci(values: Sequence[float], q: float, n_boot: int = _N_BOOT,
+                     seed: int = 0) -> tuple[float | None, tuple[float, float] | None]:
+    """The ``q`` quantile of ``values`` and its bootstrap 95% interval (``(None, None)`` without values).
+
+    Introduced in lab 11 (Latency, Throughput, Goodput).
+    """
+    x = np.asarray([v for v in values if v is not None], dtype=float)
+    if x.size == 0:
+        return None, None
+    return float(np.percentile(x, q * 100)), _ci(bootstrap_quantile(x, q, n_boot, seed))
+
+
+def wilson_interval(successes: int, n: int, z: float = 1.959964) -> tuple[float, float] | None:
+    """The Wilson score 95% interval of a proportion ``successes / n`` (``None`` when ``n == 0``).
+
+    Unlike the normal approximation it stays inside [0, 1] and is sensible at 0 or ``n`` successes.
+
+    Introduced in lab 11 (Latency, Throughput, Goodput).
+    """
+    if n <= 0:
+        return None
+    p = successes / n
+    denom = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    lo = 0.0 if successes <= 0 else max(0.0, centre - half)
+    hi = 1.0 if successes >= n else min(1.0, centre + half)  # exact at the ends, where rounding would miss them
+    return (lo, hi)
 
 
 def pooled_itl_median(records: Iterable[RequestResult], n_boot: int = _N_BOOT,
@@ -152,21 +196,24 @@ def _measured(records: Iterable[RequestResult]) -> list[RequestResult]:
     return [r for r in records if not r.warmup]
 
 
-def metric_values(records: Iterable[RequestResult], metric: str) -> list[float]:
-    """The values (ms) of ``metric`` over the completed, non-warmup requests.
+def metric_values(records: Iterable[RequestResult], metric: str, window: "Window | None" = None) -> list[float]:
+    """The values (ms) of ``metric`` over the completed, non-warmup requests (those of ``window``, if given).
 
-    ``metric`` is ``ttft``, ``tpot``, ``itl``, ``e2e`` or ``client_queue`` (a ``_ms`` suffix is
-    accepted). ITL is pooled: one value per output token after the first, across all requests.
-    Client queue time covers failed requests too (they waited as well).
+    ``metric`` is ``ttft``, ``tpot``, ``itl``, ``itl_per_chunk``, ``e2e`` or ``client_queue`` (a ``_ms``
+    suffix is accepted). ITL is pooled: one value per output token after the first (``itl_per_chunk``: per
+    chunk after the first), across all requests. Client queue time covers failed requests too (they waited
+    as well). With ``window`` only the requests :func:`window_records` selects count.
 
     Introduced in lab 10 (Load Testing Honestly).
     """
     m = metric.removesuffix("_ms")
     if m not in METRICS:
         raise ValueError(f"unknown metric {metric!r}; choose one of {', '.join(METRICS)}")
-    rs = _measured(records)
+    rs = window_records(records, window) if window is not None else _measured(records)
     if m == "itl":
         return [v for r in rs if r.ok for v in r.itl_ms]
+    if m == "itl_per_chunk":
+        return [v for r in rs if r.ok for v in r.itl_per_chunk_ms]
     if m == "client_queue":
         return [r.client_queue_ms for r in rs if r.client_queue_ms is not None]
     return [v for r in rs if r.ok and (v := getattr(r, f"{m}_ms")) is not None]
@@ -175,10 +222,11 @@ def metric_values(records: Iterable[RequestResult], metric: str) -> list[float]:
 # -------------------------------------------------------------------------------------- window
 @dataclass
 class Window:
-    """The span of a run that throughput is divided by, in ``perf_counter`` seconds.
+    """The steady-state span of a run, in ``perf_counter`` seconds: throughput is divided by it, and the
+    latencies are those of the requests dispatched in it.
 
     ``method`` is ``"steady-state"`` or ``"whole-span"`` (the fallback, explained in ``note``).
-    ``offset_s`` and ``end_offset_s`` are relative to the first dispatch.
+    ``start_offset_s`` and ``end_offset_s`` (in :meth:`as_dict`) are relative to the first dispatch.
 
     Introduced in lab 10 (Load Testing Honestly).
     """
@@ -215,8 +263,10 @@ def steady_state_window(records: Iterable[RequestResult]) -> Window | None:
     server drains. Inside the window a request counts when it *ends* in it (request throughput,
     goodput), a token counts when its chunk *arrives* in it (output throughput) and a prompt counts
     when its first token arrives in it (input throughput): rates, not totals divided by a longer span.
+    Latency percentiles are over the requests *dispatched* in it (they met the steady load; see
+    :func:`window_records`).
 
-    When that window holds fewer than ``MIN_WINDOW_COMPLETIONS`` completions or fewer than
+    When that window holds fewer than ``MIN_WINDOW_COMPLETIONS`` completions (or dispatches) or fewer than
     ``MIN_WINDOW_SHARE`` of them (short runs, closed-loop runs of about ``concurrency`` requests, or a
     saturated server whose E2E outgrows the run), or is shorter than one median E2E (then its
     completions are one wave bunched at its start, and counting them per second of it would inflate the
@@ -241,10 +291,16 @@ def steady_state_window(records: Iterable[RequestResult]) -> Window | None:
     w = Window(start=d0 + m, end=d1, method="steady-state", origin=d0,
                note=f"first dispatch + median E2E ({m * 1000:.0f} ms) to last dispatch")
     inside = sum(1 for r in done if w.contains(r.timings.t_end))
+    started = sum(1 for r in rs if w.contains(r.timings.t_dispatched))
     need = max(MIN_WINDOW_COMPLETIONS, math.ceil(MIN_WINDOW_SHARE * len(done)))
     if w.duration_s <= 0 or inside < need:
         whole.note = (f"steady-state window [first dispatch + median E2E, last dispatch] holds {inside} of "
                       f"{len(done)} completions (< {need}): too short, so the whole span "
+                      "(first dispatch to last end, ramp-up and drain included) is used")
+        return whole
+    if started < need:
+        whole.note = (f"steady-state window [first dispatch + median E2E, last dispatch] holds {started} of "
+                      f"{len(rs)} dispatches (< {need}): too short, so the whole span "
                       "(first dispatch to last end, ramp-up and drain included) is used")
         return whole
     if w.duration_s < m:
@@ -253,6 +309,18 @@ def steady_state_window(records: Iterable[RequestResult]) -> Window | None:
                       "(first dispatch to last end, ramp-up and drain included) is used")
         return whole
     return w
+
+
+def window_records(records: Iterable[RequestResult], window: Window | None) -> list[RequestResult]:
+    """The measured requests whose latencies count: those *dispatched* in a steady-state ``window``; all of
+    them when the window fell back to the whole span (or is ``None``).
+
+    Introduced in lab 10 (Load Testing Honestly).
+    """
+    rs = _measured(records)
+    if window is None or window.method != "steady-state":
+        return rs
+    return [r for r in rs if window.contains(r.timings.t_dispatched)]
 
 
 # --------------------------------------------------------------------------------- SLO, goodput
@@ -299,7 +367,11 @@ class SLO:
 
 @dataclass
 class Goodput:
-    """Requests that met the SLO, per second of the steady-state window, and as a share of all requests.
+    """Goodput at this run's load: requests that met the SLO per second of the steady-state window
+    (``goodput_rps``, vLLM's ``--goodput``), their share of all requests (``fraction_good``), and the SLO
+    attainment of the requests dispatched in the window with its Wilson 95% interval (``attainment``,
+    ``attainment_ci``: the share DistServe's ``max_rate_at_slo`` holds at or above P%; failures count as
+    missing the SLO).
 
     Introduced in lab 11 (Latency, Throughput, Goodput).
     """
@@ -312,10 +384,20 @@ class Goodput:
     window_s: float
     goodput_rps: float | None
     fraction_good: float | None
+    attainment: float | None = None
+    attainment_ci: tuple[float, float] | None = None
+    attainment_n: int = 0
+
+    @property
+    def goodput_at_load(self) -> float | None:
+        """Requests/s meeting the SLO at this load (the same number as ``goodput_rps``)."""
+        return self.goodput_rps
 
     def as_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["slo"] = self.slo.as_dict()
+        d["attainment_ci"] = list(self.attainment_ci) if self.attainment_ci else None
+        d["goodput_at_load"] = self.goodput_rps
         return d
 
 
@@ -324,7 +406,8 @@ def _records_of(records_or_run: Any) -> list[RequestResult]:
 
 
 def goodput(records_or_run: Any, slo: SLO) -> Goodput:
-    """Goodput under ``slo``: requests meeting every set bound that end in the window, per second.
+    """Goodput at this load under ``slo``: requests meeting every set bound that end in the window, per second;
+    and the SLO attainment of the requests dispatched in the window, with its interval.
 
     Accepts a run or a list of records (``helpers.bench.goodput`` also takes a run's folder).
 
@@ -337,12 +420,39 @@ def goodput(records_or_run: Any, slo: SLO) -> Goodput:
     completed = sum(1 for r in rs if r.ok)
     failed = len(rs) - completed
     dur = win.duration_s if win else 0.0
+    judged = window_records(rs, win)
+    met = sum(1 for r in judged if slo.met(r))
     return Goodput(slo=slo, good=len(good), good_in_window=len(in_win), completed=completed, failed=failed,
                    window_s=dur, goodput_rps=(len(in_win) / dur) if dur > 0 else None,
-                   fraction_good=(len(good) / len(rs)) if rs else None)
+                   fraction_good=(len(good) / len(rs)) if rs else None,
+                   attainment=met / len(judged) if judged else None, attainment_ci=wilson_interval(met, len(judged)),
+                   attainment_n=len(judged))
 
 
 # ------------------------------------------------------------------------------------- summary
+@dataclass
+class Latencies:
+    """The latency distributions of a set of requests, one per metric of :data:`METRICS` (ms).
+
+    Introduced in lab 10 (Load Testing Honestly).
+    """
+
+    ttft_ms: Distribution
+    tpot_ms: Distribution
+    itl_ms: Distribution
+    itl_per_chunk_ms: Distribution
+    e2e_ms: Distribution
+    client_queue_ms: Distribution
+
+    @classmethod
+    def of(cls, records: Iterable[RequestResult], seed: int = 0) -> "Latencies":
+        rs = list(records)
+        return cls(**{f"{m}_ms": Distribution.of(metric_values(rs, m), seed) for m in METRICS})
+
+    def as_dict(self) -> dict[str, Any]:
+        return {f"{m}_ms": getattr(self, f"{m}_ms").as_dict() for m in METRICS}
+
+
 @dataclass
 class Summary:
     """A run in numbers. Warmup excluded; percentiles over completed requests, failures beside them.
@@ -350,6 +460,13 @@ class Summary:
     ``duration_s`` is the steady-state window that the throughputs are divided by (see
     :func:`steady_state_window`); ``total_duration_s`` runs from the first dispatch to the last end.
     ``total_output_throughput`` is output tokens over the whole span: the number a naive tool prints.
+    The latency distributions (``ttft_ms`` ...) are over the requests dispatched in that window
+    (``latency_scope`` says which and how many; all requests when the window fell back to the whole span);
+    ``whole_run`` holds the same distributions over every request, ramp-up and drain included.
+    ``itl_ms`` is per token; ``itl_per_chunk_ms`` per stream chunk (``vllm bench serve``'s ITL).
+    ``goodput_at_load`` is vLLM's goodput (``goodput`` is the same object, by its older name).
+    ``valid`` is False when the load generator itself was the bottleneck (``invalid_reason`` says how);
+    ``server_death`` says when the server stopped answering, if it did.
 
     Introduced in lab 02 (Prefill and Decode).
     """
@@ -368,45 +485,66 @@ class Summary:
     ttft_ms: Distribution
     tpot_ms: Distribution
     itl_ms: Distribution
+    itl_per_chunk_ms: Distribution
     e2e_ms: Distribution
     client_queue_ms: Distribution
     input_tokens: dict[str, Any]
     output_tokens: dict[str, Any]
-    goodput: Goodput | None = None
+    goodput_at_load: Goodput | None = None
     warnings: list[str] = field(default_factory=list)
+    latency_scope: str = ""
+    whole_run: Latencies | None = None
+    valid: bool = True
+    invalid_reason: str | None = None
+    server_death: dict[str, Any] | None = None
     server: Any = None                    # helpers.metrics.ServerView: what /metrics said
-    client: dict[str, Any] | None = None  # the load generator's own health (CPU, event-loop lag)
+    client: dict[str, Any] | None = None  # the load generator's own health (CPU, event-loop lag, schedule slip)
     reconciliation: dict[str, Any] | None = None  # the client's means next to the server's
+
+    @property
+    def goodput(self) -> Goodput | None:
+        """The goodput at this run's load (alias of ``goodput_at_load``)."""
+        return self.goodput_at_load
 
     @property
     def failure_rate(self) -> float:
         n = self.completed + self.failed
         return self.failed / n if n else 0.0
 
+    def mark_invalid(self, reason: str) -> None:
+        """Declare the run invalid (the client was the bottleneck, say): ``valid`` False, the reason kept."""
+        self.valid = False
+        self.invalid_reason = reason if self.invalid_reason is None else f"{self.invalid_reason}; {reason}"
+
     def as_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {
+            "valid": self.valid, "invalid_reason": self.invalid_reason,
             "completed": self.completed, "failed": self.failed, "failure_rate": self.failure_rate,
             "errors": self.errors,
             "duration_s": self.duration_s, "total_duration_s": self.total_duration_s,
             "window": self.window.as_dict() if self.window else None,
             "request_throughput": self.request_throughput, "output_throughput": self.output_throughput,
             "input_throughput": self.input_throughput, "total_output_throughput": self.total_output_throughput,
-            "achieved_rate": self.achieved_rate,
+            "achieved_rate": self.achieved_rate, "latency_scope": self.latency_scope,
         }
         for m in METRICS:
             d[f"{m}_ms"] = getattr(self, f"{m}_ms").as_dict()
+        d["whole_run"] = self.whole_run.as_dict() if self.whole_run else None
         d["input_tokens"], d["output_tokens"] = self.input_tokens, self.output_tokens
-        d["goodput"] = self.goodput.as_dict() if self.goodput else None
+        d["goodput_at_load"] = self.goodput_at_load.as_dict() if self.goodput_at_load else None
+        d["goodput"] = d["goodput_at_load"]  # the older name, kept for saved-run readers
         d["warnings"] = list(self.warnings)
+        d["server_death"] = self.server_death
         d["server"] = self.server.as_dict() if hasattr(self.server, "as_dict") else self.server
         d["client"] = self.client
         d["reconciliation"] = self.reconciliation
         return d
 
     def table(self) -> str:
-        """A plain-text report: counts, window, throughput, then one line per latency metric."""
+        """A plain-text report: validity, counts, window, throughput, then one line per latency metric."""
         n = self.completed + self.failed
-        lines = [f"requests: {self.completed} completed, {self.failed} failed ({self.failure_rate:.1%}) of {n}"]
+        lines = [] if self.valid else [f"INVALID RUN: {self.invalid_reason}"]
+        lines.append(f"requests: {self.completed} completed, {self.failed} failed ({self.failure_rate:.1%}) of {n}")
         for msg, count in sorted(self.errors.items(), key=lambda kv: -kv[1]):
             lines.append(f"  {count} x {msg}")
         if self.window is not None:
@@ -415,19 +553,29 @@ class Summary:
         lines.append(f"throughput: {_f(self.request_throughput, '.2f')} req/s, "
                      f"{_f(self.output_throughput, '.1f')} output tok/s, {_f(self.input_throughput, '.1f')} input "
                      f"tok/s (whole span: {_f(self.total_output_throughput, '.1f')} output tok/s)")
-        if self.goodput is not None:
-            g = self.goodput
-            lines.append(f"goodput ({g.slo}): {_f(g.goodput_rps, '.2f')} req/s; {g.good} of "
-                         f"{g.completed + g.failed} requests met it ({_f(g.fraction_good, '.1%')})")
-        lines.append(f"{'ms':<13}{'mean':>9}{'p50':>9}{'p90':>9}{'p95':>9}{'p99':>9}   {'p99 95% CI':<19}{'n':>7}")
+        if self.goodput_at_load is not None:
+            g = self.goodput_at_load
+            att = (f"; attainment {g.attainment:.1%} [{g.attainment_ci[0]:.1%}, {g.attainment_ci[1]:.1%}] of "
+                   f"{g.attainment_n} in the window" if g.attainment is not None and g.attainment_ci else "")
+            lines.append(f"goodput at this load ({g.slo}): {_f(g.goodput_rps, '.2f')} req/s; {g.good} of "
+                         f"{g.completed + g.failed} requests met it ({_f(g.fraction_good, '.1%')}){att}")
+        if self.latency_scope:
+            lines.append(f"latencies: {self.latency_scope}")
+        lines.append(f"{'ms':<14}{'mean':>9}{'p50':>9}{'p90':>9}{'p95':>9}{'p99':>9}   {'p99 95% CI':<19}{'n':>7}")
         for m in METRICS:
             dist: Distribution = getattr(self, f"{m}_ms")
             ci = f"[{dist.p99_ci[0]:.1f}, {dist.p99_ci[1]:.1f}]" if dist.p99_ci else "-"
-            lines.append(f"{m:<13}{_f(dist.mean)}{_f(dist.p50)}{_f(dist.p90)}{_f(dist.p95)}{_f(dist.p99)}   "
+            lines.append(f"{m:<14}{_f(dist.mean)}{_f(dist.p50)}{_f(dist.p90)}{_f(dist.p95)}{_f(dist.p99)}   "
                          f"{ci:<19}{dist.count:>7}")
         if self.failed:
-            lines.append(f"percentiles are over the {self.completed} completed requests; the {self.failed} failed "
-                         "ones are not in them (see goodput).")
+            lines.append(f"percentiles are over the completed requests; the {self.failed} failed ones are not in "
+                         "them (see goodput).")
+        if self.client:
+            c = self.client
+            lag, slip = _f(c.get("loop_lag_p99_ms"), ".1f"), _f(c.get("slip_p99_ms"), ".1f")
+            cpu = _f((c.get("cpu_utilization") or 0) * 100, ".0f")
+            lines.append(f"client: {c.get('workers', 1)} sending loop(s); event-loop lag p99 {lag} ms, schedule slip "
+                         f"p99 {slip} ms, CPU {cpu}% of a core (the busiest loop)")
         for w in self.warnings:
             lines.append(f"warning: {w}")
         return "\n".join(lines)
@@ -507,6 +655,14 @@ def summarize(records: Iterable[RequestResult], slo: SLO | None = None, seed: in
         r = streamed_off[0]
         warnings.append(f"{len(streamed_off)} requests streamed a different number of tokens than their final usage "
                         f"(e.g. {r.id}: {r.streamed_tokens} streamed, usage {r.output_tokens})")
+    timed = window_records(rs, win)
+    if win is not None and win.method == "steady-state":
+        scope = (f"the {len(timed)} of {len(rs)} requests dispatched in the steady-state window "
+                 f"[{win.start - win.origin:.2f}, {win.end - win.origin:.2f}] s (ramp-up and drain excluded; "
+                 "whole_run has them all)")
+    else:
+        scope = f"all {len(rs)} requests (the window fell back to the whole span, ramp-up and drain included)"
+    steady = Latencies.of(timed, seed)
     s = Summary(
         completed=len(done), failed=len(failed), errors=dict(errors),
         duration_s=dur, total_duration_s=total, window=win,
@@ -515,16 +671,18 @@ def summarize(records: Iterable[RequestResult], slo: SLO | None = None, seed: in
         input_throughput=inp_in / dur if dur > 0 else None,
         total_output_throughput=out_total / total if total > 0 else None,
         achieved_rate=achieved,
-        ttft_ms=Distribution.of(metric_values(rs, "ttft"), seed),
-        tpot_ms=Distribution.of(metric_values(rs, "tpot"), seed),
-        itl_ms=Distribution.of(metric_values(rs, "itl"), seed),
-        e2e_ms=Distribution.of(metric_values(rs, "e2e"), seed),
-        client_queue_ms=Distribution.of(metric_values(rs, "client_queue"), seed),
+        ttft_ms=steady.ttft_ms, tpot_ms=steady.tpot_ms, itl_ms=steady.itl_ms,
+        itl_per_chunk_ms=steady.itl_per_chunk_ms, e2e_ms=steady.e2e_ms, client_queue_ms=steady.client_queue_ms,
         input_tokens=in_rep, output_tokens=out_rep,
-        goodput=goodput(rs, slo) if slo is not None and slo.is_set() else None,
-        warnings=warnings,
+        goodput_at_load=goodput(rs, slo) if slo is not None and slo.is_set() else None,
+        warnings=warnings, latency_scope=scope,
+        whole_run=Latencies.of(rs, seed) if len(timed) != len(rs) else steady,
     )
     return s
+
+
+def _latency_values(records: list[RequestResult], metric: str, whole_run: bool) -> list[float]:
+    return metric_values(records, metric, None if whole_run else steady_state_window(records))
 
 
 def _error_key(r: RequestResult) -> str:
@@ -564,16 +722,16 @@ class Comparison:
 
 
 def compare(run_a: Any, run_b: Any, metric: str = "ttft", q: float = 0.99, n_boot: int = 10000,
-            seed: int = 0) -> Comparison:
+            seed: int = 0, whole_run: bool = False) -> Comparison:
     """Do two runs really differ in the ``q`` quantile of ``metric``? Bootstrap both, difference ``b - a``.
 
     ``run_a``/``run_b`` are runs or record lists (``helpers.bench.compare`` also takes run folders). The runs
-    are resampled independently.
+    are resampled independently. Each run's values are those its summary shows: the requests dispatched in its
+    steady-state window (``whole_run=True``: every request).
 
     Introduced in lab 10 (Load Testing Honestly).
     """
-    xa = metric_values(_records_of(run_a), metric)
-    xb = metric_values(_records_of(run_b), metric)
+    xa, xb = (_latency_values(_records_of(r), metric, whole_run) for r in (run_a, run_b))
     if not xa or not xb:
         raise ValueError(f"cannot compare {metric}: run a has {len(xa)} values, run b has {len(xb)}; "
                          "each needs completed requests")

@@ -108,7 +108,8 @@ class RunResult:
     """One run: its request records (warmup apart), summary, configuration, gauges and output folder.
 
     ``records`` are in workload order; ``df`` is one row per request; ``gauges`` are the server's gauges sampled
-    during the run (``t`` in seconds after the first dispatch).
+    during the run (``t`` in seconds after the first dispatch). ``valid`` is False when the load generator was the
+    bottleneck (see ``summary.invalid_reason``).
 
     Introduced in lab 02 (Prefill and Decode).
     """
@@ -129,6 +130,11 @@ class RunResult:
     @property
     def label(self) -> str:
         return str(self.config.get("label") or self.config.get("arrivals", {}).get("arrivals", "run"))
+
+    @property
+    def valid(self) -> bool:
+        """False when the client was the bottleneck: its numbers describe the client, not the server."""
+        return self.summary.valid
 
     @property
     def server(self) -> ServerView | None:
@@ -156,10 +162,14 @@ class RunResult:
                 "input_tokens": r.input_tokens, "expected_input_tokens": r.expected_input_tokens,
                 "output_tokens": r.output_tokens, "expected_output_tokens": r.expected_output_tokens,
                 "ttft_ms": r.ttft_ms, "tpot_ms": r.tpot_ms, "e2e_ms": r.e2e_ms,
-                "itl_mean_ms": sum(itl) / len(itl) if itl else None, "client_queue_ms": r.client_queue_ms,
+                "itl_mean_ms": sum(itl) / len(itl) if itl else None,
+                "itl_per_chunk_mean_ms": (sum(gaps) / len(gaps)) if (gaps := r.itl_per_chunk_ms) else None,
+                "client_queue_ms": r.client_queue_ms,
                 "scheduled_s": rel(t.t_scheduled), "dispatched_s": rel(t.t_dispatched),
                 "first_token_s": rel(t.t_first_token), "end_s": rel(t.t_end), "chunks": len(t.chunk_times),
                 "in_window": bool(win is not None and win.contains(t.t_end) and r.ok),
+                "in_latency_window": bool(win is None or win.method != "steady-state"
+                                          or win.contains(t.t_dispatched)),
                 "tokens_exact": r.tokens_exact, "finish_reason": r.finish_reason,
             }
             if slo is not None:
@@ -218,6 +228,11 @@ def load_run(path: str | Path, slo: SLO | None = None, seed: int | None = None) 
     summary.server = ServerView.from_dict(saved.get("server"))
     summary.client = saved.get("client")
     summary.reconciliation = saved.get("reconciliation")
+    # Judged when the run ended, from the client's health and the server's fate, which the records do not hold.
+    if saved.get("valid") is False:
+        summary.mark_invalid(saved.get("invalid_reason") or "marked invalid when it ran")
+    summary.server_death = saved.get("server_death") or config.get("server_death")
+    summary.warnings += [w for w in saved.get("warnings", []) if w not in summary.warnings]
     gauges = []
     if (d / "gauges.jsonl").is_file():
         gauges = [json.loads(x) for x in (d / "gauges.jsonl").read_text().splitlines() if x.strip()]
@@ -249,10 +264,10 @@ def goodput(run: Any, slo: SLO) -> Goodput:
 
 
 def compare(run_a: Any, run_b: Any, metric: str = "ttft", q: float = 0.99, n_boot: int = 10000,
-            seed: int = 0) -> Comparison:
+            seed: int = 0, whole_run: bool = False) -> Comparison:
     """Do two runs (runs, run folders or record lists) really differ in the ``q`` quantile of ``metric``? See
-    :func:`helpers.bench.stats.compare`.
+    :func:`helpers.bench.stats.compare` (steady-state windows by default, ``whole_run=True`` for every request).
 
     Introduced in lab 10 (Load Testing Honestly).
     """
-    return _compare(records_of(run_a), records_of(run_b), metric, q, n_boot, seed)
+    return _compare(records_of(run_a), records_of(run_b), metric, q, n_boot, seed, whole_run)

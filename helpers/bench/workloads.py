@@ -24,12 +24,15 @@ import os
 import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
 from .. import models, settings
 from .records import Request
+
+if TYPE_CHECKING:  # only for annotations: workloads do not depend on arrivals
+    from .arrivals import Arrivals
 
 __all__ = [
     "Workload",
@@ -40,6 +43,7 @@ __all__ = [
     "TokenCounter",
     "load_tokenizer",
     "token_counter",
+    "exact_request",
     "SAMPLE_CHAT",
 ]
 
@@ -99,6 +103,13 @@ class TokenCounter:
     def content(self, text: str) -> int:
         return len(self.tok.encode(text, add_special_tokens=False))
 
+    def _singles(self) -> np.ndarray | None:
+        """The words that are one token after a space (``None`` if there are none), found once."""
+        if not hasattr(self, "_single_words"):
+            ones = [w for w in self.words[:4000] if len(self.tok.encode(" " + w, add_special_tokens=False)) == 1]
+            self._single_words = np.array(ones) if ones else None
+        return self._single_words
+
     def completion(self, text: str) -> int:
         return len(self.tok.encode(text, add_special_tokens=True))
 
@@ -121,7 +132,7 @@ class TokenCounter:
         if n <= 0:
             raise ValueError(f"a prompt needs at least 1 token, got {n}")
         words = list(rng.choice(self.words, size=n))
-        for _ in range(200):
+        for _ in range(400):
             text = lead + " ".join(words)
             c = count(text)
             if c == n:
@@ -129,9 +140,12 @@ class TokenCounter:
             if c > n:
                 if not words:
                     break
-                words = words[:-max(1, c - n)]
+                # Words of several tokens: drop half the excess in words, then one at a time, never far below n.
+                words = words[:-max(1, (c - n) // 2)]
             else:
-                words += list(rng.choice(self.words, size=n - c))
+                # Close to n, words of one token each close the gap exactly (a small vocabulary has few of them).
+                singles = self._singles() if n - c <= 4 else None
+                words += list(rng.choice(singles if singles is not None else self.words, size=n - c))
         raise ValueError(f"could not write a text of exactly {n} tokens (lead {lead!r}); the lead alone may be "
                          "longer than that")
 
@@ -201,6 +215,10 @@ class WorkloadSpec:
         ``tokenizer`` (the served model's, as :func:`helpers.bench.run` passes it), else the default model's."""
         raise NotImplementedError
 
+    def default_arrivals(self) -> "Arrivals | None":
+        """The arrivals this workload brings with it (a trace's timestamps), used when ``run`` is given none."""
+        return None
+
     def _counter(self, tokenizer: str | None) -> "TokenCounter":
         own = getattr(self, "tokenizer", None)
         return token_counter(own if own not in (None, False) else tokenizer)
@@ -221,6 +239,26 @@ def _messages(user: str, system: str | None = None) -> tuple[dict[str, str], ...
         msgs.append({"role": "system", "content": system})
     msgs.append({"role": "user", "content": user})
     return tuple(msgs)
+
+
+def exact_request(tc: TokenCounter, rid: str, rng: np.random.Generator, lead: str, input_len: int, output_len: int,
+                  endpoint: str, warmup: bool = False) -> Request:
+    """One request of exactly ``input_len`` prompt tokens (completions: as the server counts the prompt; chat: the
+    user message's content, the template's tokens added to ``expected_input_tokens``) and ``output_len`` output
+    tokens (fixed with ``min_tokens``/``ignore_eos``).
+
+    Introduced in lab 02 (Prefill and Decode).
+    """
+    if endpoint == "completions":
+        text = tc.text(input_len, rng, lead, count=tc.completion)
+        return Request(id=rid, prompt=text, expected_input_tokens=input_len, max_output_tokens=output_len,
+                       min_output_tokens=output_len, warmup=warmup)
+    text = tc.text(input_len, rng, lead)
+    msgs = _messages(text)
+    total = tc.chat(msgs)
+    return Request(id=rid, messages=msgs, expected_input_tokens=total, max_output_tokens=output_len,
+                   min_output_tokens=output_len, warmup=warmup,
+                   meta={"content_tokens": input_len, "template_tokens": total - input_len})
 
 
 @dataclass
@@ -248,16 +286,7 @@ class FixedLength(WorkloadSpec):
         return Workload(self.endpoint, reqs, warm, {**self.as_dict(), "seed": seed, "tokenizer": tc.name})
 
     def _one(self, tc: TokenCounter, rid: str, rng: np.random.Generator, lead: str, warmup: bool = False) -> Request:
-        if self.endpoint == "completions":
-            text = tc.text(self.input_len, rng, lead, count=tc.completion)
-            return Request(id=rid, prompt=text, expected_input_tokens=self.input_len,
-                           max_output_tokens=self.output_len, min_output_tokens=self.output_len, warmup=warmup)
-        text = tc.text(self.input_len, rng, lead)
-        msgs = _messages(text)
-        total = tc.chat(msgs)
-        return Request(id=rid, messages=msgs, expected_input_tokens=total, max_output_tokens=self.output_len,
-                       min_output_tokens=self.output_len, warmup=warmup,
-                       meta={"content_tokens": self.input_len, "template_tokens": total - self.input_len})
+        return exact_request(tc, rid, rng, lead, self.input_len, self.output_len, self.endpoint, warmup)
 
     def cli_args(self) -> list[str]:
         args = ["--endpoint", self.endpoint, "--input-len", str(self.input_len), "--output-len", str(self.output_len)]
