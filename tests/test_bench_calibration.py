@@ -261,3 +261,15 @@ def test_cli_run_and_summarize(cal, tmp_path, capsys):
     assert main(["summarize", str(out), "--slo-ttft-ms", "61"]) == 0
     text = capsys.readouterr().out
     assert "goodput at this load (TTFT <= 61 ms)" in text and "completed" in text
+
+
+def test_stop_when_ends_the_sending_and_keeps_every_record_sent():
+    with CalibrationServer(ttft_s=0.05, tpot_s=0.01, default_max_tokens=4) as cal:
+        t0 = time.monotonic()
+        res = bench.run(workload(200, out=4, tag="stop"), ConstantRate(rate=20), base_url=cal.base_url, out=False,
+                        progress=False, server_metrics=False, stop_when=lambda: time.monotonic() - t0 > 1.5)
+        served = len(cal.stats()["requests"])
+    n = len(res.records)
+    assert 15 <= n <= 60, n                       # ~1.5-2 s of a 10 s schedule was sent, not all 200
+    assert n == served and res.summary.failed == 0  # what was sent was answered and recorded
+    assert res.config["stopped_early"] == "stop_when() returned true"

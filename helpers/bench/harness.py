@@ -93,6 +93,7 @@ class Harness:
         self.health: list[LoopHealth] = []
         self.death: tuple[float, str] | None = None
         self.ran_out_at: float | None = None
+        self.stopped_early: str | None = None
         self.before: _metrics.Snapshot | None = None
         self.after: _metrics.Snapshot | None = None
         self.metrics_note: str | None = None
@@ -173,6 +174,18 @@ class Harness:
                 if not server.running:
                     self.server_gone("its process exited")
         self._feed_more()
+
+    def stop_sending(self, reason: str) -> None:
+        """Send nothing new from now on (requests in flight finish and are recorded); ``reason`` is kept."""
+        with self._lock:
+            if self.stopped_early is not None:
+                return
+            self.stopped_early = reason
+        if self.pool is not None:
+            self.pool.stop(reason)
+        if self._disp is not None and self._loop is not None:
+            self._loop.call_soon_threadsafe(self._disp.stop, reason)
+        self._close_feed()
 
     def server_gone(self, reason: str) -> None:
         t = time.perf_counter()

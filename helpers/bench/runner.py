@@ -30,7 +30,7 @@ import shlex
 import sys
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import httpx
 
@@ -303,6 +303,7 @@ def run(
     command: str | None = None,
     workers: int | str = 1,
     client_limits: ClientLimits | None = None,
+    stop_when: Callable[[], bool] | None = None,
 ) -> RunResult:
     """Benchmark a server: send ``workload`` under ``arrivals`` (default synchronous) and summarize.
 
@@ -319,6 +320,8 @@ def run(
     expected chunk rate needs (:func:`choose_workers`; the choice is in ``config["workers"]``). A run whose client
     was the bottleneck is marked invalid (``summary.valid``; limits in ``client_limits``). A server that stops
     answering ends the run within seconds: ``config["status"]`` and ``summary.warnings`` say when and why.
+    ``stop_when()``, asked a few times a second, ends the sending early when it returns true (an experiment that
+    waits for an event, such as a replica joining): requests already sent finish; ``config["stopped_early"]``.
 
     ``out``: the results folder; ``True`` for a new one under ``runs/bench/``; ``False`` to write nothing. The
     default is nothing in a notebook (the result is in memory) and a new folder from a script. ``progress``
@@ -405,6 +408,8 @@ def run(
         while th.is_alive():
             th.join(timeout=0.1)
             h.tick(watched)
+            if stop_when is not None and h.stopped_early is None and h.t0 is not None and stop_when():
+                h.stop_sending("stop_when() returned true")
             bar.update(h)
     except KeyboardInterrupt:
         interrupted = True
@@ -431,6 +436,8 @@ def _finish(h: Harness, config: dict[str, Any], planned: list[Request], slo: SLO
     config["versions"]["server"] = h.server_version
     config["finished"] = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     config["status"] = "interrupted" if interrupted else "complete"
+    if h.stopped_early is not None:
+        config["stopped_early"] = h.stopped_early
     config["start_perf_counter"] = h.t0  # the schedule's time 0 (every worker's, on the one monotonic clock)
     if config["command"] is None:
         config["command_note"] = ("the workload was a Workload built in Python, which the CLI cannot express: "
