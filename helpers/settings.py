@@ -57,6 +57,8 @@ FLAGS: dict[str, Flag] = {f.name: f for f in (
     Flag("LABS_REUSE_SERVER", "0", "1 = a stopped server is parked, and the next start with the same arguments in "
                                    "the same session adopts it (set by `make test`)"),
     Flag("LABS_MAX_SERVERS", "2", "most vLLM servers that may run at once on this machine"),
+    Flag("LABS_WAIT_FOR_SLOT_S", "0", "seconds a server start waits for another's slot to free up when the machine "
+                                      "is at LABS_MAX_SERVERS (0 = refuse at once, naming what runs)"),
     Flag("LABS_KEEP_SERVER_ON_ERROR", "0", "1 = a failing notebook cell leaves its servers running"),
     Flag("LABS_CPU_DTYPE", None, "bfloat16 or float32: override the CPU profile's dtype, which is otherwise "
                                  "chosen from the CPU's instructions (native bf16 or not)"),
@@ -124,6 +126,14 @@ def max_processes(kind: str = "vllm") -> int:
     Introduced in lab 01 (One GPU, One Model).
     """
     return int(flag("LABS_MAX_SERVERS") or 2) if kind == "vllm" else 64
+
+
+def wait_for_slot_s() -> float:
+    """Seconds a server start waits for a free slot (``LABS_WAIT_FOR_SLOT_S``, default 0: refuse at once).
+
+    Introduced in lab 01 (One GPU, One Model).
+    """
+    return float(flag("LABS_WAIT_FOR_SLOT_S") or 0)
 
 
 def keep_server_on_error() -> bool:

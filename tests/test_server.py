@@ -9,6 +9,7 @@ import socket
 import stat
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -240,6 +241,20 @@ def test_too_many_servers_are_refused_with_names(fake, monkeypatch):
     monkeypatch.setenv("LABS_MAX_SERVERS", "1")
     with fake():
         with pytest.raises(server.TooManyServers, match="(?s)already running.*PID"):
+            fake().start()
+
+
+def test_a_start_can_wait_for_a_slot_to_free_up(fake, monkeypatch):
+    monkeypatch.setenv("LABS_MAX_SERVERS", "1")
+    first = fake().start()
+    threading.Timer(1.5, first.stop).start()
+    t0 = time.monotonic()
+    with fake(wait_for_slot_s=30) as second:      # would be refused at once without the wait
+        assert second.running
+    assert time.monotonic() - t0 >= 1.4
+    monkeypatch.setenv("LABS_WAIT_FOR_SLOT_S", "0.5")
+    with fake():
+        with pytest.raises(server.TooManyServers, match="LABS_WAIT_FOR_SLOT_S"):
             fake().start()
 
 

@@ -71,7 +71,7 @@ class Server:
                  host: str = "127.0.0.1", port: int | None = None, api_key: str | None = None,
                  behind_auth_proxy: bool = False, log_dir: str | os.PathLike | None = None,
                  ready_timeout: float = 900.0, python: str | None = None, reuse: bool | None = None,
-                 progress: bool = True, make_room: bool = True):
+                 progress: bool = True, make_room: bool = True, wait_for_slot_s: float | None = None):
         if not procs.is_loopback(host):
             if not api_key:
                 raise ValueError(f"host={host!r} exposes the server beyond this machine: pass api_key=... so that "
@@ -93,6 +93,7 @@ class Server:
         self.reuse = settings.reuse_server() if reuse is None else reuse
         self.progress = progress
         self.make_room = make_room
+        self.wait_for_slot_s = wait_for_slot_s
         self.log_dir = Path(log_dir) if log_dir else settings.log_dir()
         self.port: int | None = None
         self.proc: procs.Proc | None = None
@@ -174,22 +175,35 @@ class Server:
 
     def _check_capacity(self) -> None:
         limit = settings.max_processes(KIND)
-        running = [r for r in procs.records(KIND) if r.alive]
-        if len(running) >= limit and self.make_room:
-            parked = [r for r in running if r.parked and r.session == settings.session()]
-            parked.sort(key=lambda r: (int(r.meta.get("uses", 1)), -float(r.meta.get("parked_at", 0.0))))
-            for rec in parked:
-                procs.kill_tree(rec.pid, rec.create_time)
-                rec.remove()
-                running.remove(rec)
-                if len(running) < limit:
-                    break
-        if len(running) >= limit:
-            names = "\n  ".join(r.describe() for r in running)
-            raise TooManyServers(
-                f"{len(running)} vLLM servers are already running (this machine allows {limit}):\n  {names}\n"
-                "Stop one first: srv.stop() in its notebook, `python -m helpers.server stop PID`, "
-                "or `python -m helpers.server stop-all`.")
+        deadline = time.monotonic() + (settings.wait_for_slot_s() if self.wait_for_slot_s is None
+                                       else self.wait_for_slot_s)
+        told = False
+        while True:
+            running = [r for r in procs.records(KIND) if r.alive]
+            if len(running) >= limit and self.make_room:
+                parked = [r for r in running if r.parked and r.session == settings.session()]
+                parked.sort(key=lambda r: (int(r.meta.get("uses", 1)), -float(r.meta.get("parked_at", 0.0))))
+                for rec in parked:
+                    procs.kill_tree(rec.pid, rec.create_time)
+                    rec.remove()
+                    running.remove(rec)
+                    if len(running) < limit:
+                        break
+            if len(running) < limit:
+                return
+            if time.monotonic() >= deadline:
+                break
+            if not told:
+                print(f"{len(running)} vLLM servers are running (the limit is {limit}): waiting for one to stop...",
+                      file=sys.stderr)
+                told = True
+            time.sleep(2.0)
+            procs.reap(verbose=False)
+        names = "\n  ".join(r.describe() for r in running)
+        raise TooManyServers(
+            f"{len(running)} vLLM servers are already running (this machine allows {limit}):\n  {names}\n"
+            "Stop one first: srv.stop() in its notebook, `python -m helpers.server stop PID`, "
+            "or `python -m helpers.server stop-all` (or wait for a slot: LABS_WAIT_FOR_SLOT_S=seconds).")
 
     def _launch(self) -> None:
         if self.requested_port is not None:
@@ -310,7 +324,8 @@ class Server:
 
 
 _SERVER_KWARGS = {"served_model_name", "engine_args", "env", "host", "port", "api_key", "behind_auth_proxy",
-                  "log_dir", "ready_timeout", "python", "reuse", "progress", "make_room", "model"}
+                  "log_dir", "ready_timeout", "python", "reuse", "progress", "make_room", "model",
+                  "wait_for_slot_s"}
 
 
 def start(model: "str | os.PathLike | Profile | None" = "default", /, **kwargs: Any) -> Server:
