@@ -100,13 +100,15 @@ def _hw(profile: runtime.Profile) -> sizing.Hardware:
     return sizing.HARDWARE[profile.hardware]
 
 
-def predicted_e2e_s(profile: runtime.Profile, prompt: int, output: int, batch: int = 1) -> float:
+def predicted_e2e_s(profile: runtime.Profile, prompt: int, output: int, batch: int = 1,
+                    model: str | None = None) -> float:
     """A request's end-to-end seconds as the roofline predicts it at :data:`EFFICIENCY` of the hardware's peak:
     one prefill of ``prompt`` tokens, then ``output`` decode steps shared with ``batch - 1`` others.
 
     Introduced in lab 01 (One GPU, One Model).
     """
-    cfg, hw = _cfg(profile), _hw(profile)
+    cfg = sizing.load_config(model, dtype=profile.dtype) if model else _cfg(profile)
+    hw = _hw(profile)
     pre = sizing.prefill_time(cfg, hw, max(prompt, 1), efficiency=EFFICIENCY).time
     step = sizing.decode_step_time(cfg, hw, max(batch, 1), prompt + output // 2, efficiency=EFFICIENCY).time
     return pre + output * step
@@ -130,8 +132,8 @@ def _fits_context(tokens: int, max_model_len: int, what: str) -> dict[str, Any]:
 
 
 def _long_enough(profile: runtime.Profile, run_s: float, prompt: int, output: int, batch: int = 1,
-                 what: str = "the shortest measured run") -> dict[str, Any]:
-    e2e = predicted_e2e_s(profile, prompt, output, batch)
+                 what: str = "the shortest measured run", model: str | None = None) -> dict[str, Any]:
+    e2e = predicted_e2e_s(profile, prompt, output, batch, model)
     return {"claim": f"{what} lasts {run_s:g} s >= 3 x the predicted E2E of one request ({e2e:.2f} s)",
             "ok": run_s >= 3 * e2e}
 
@@ -404,19 +406,19 @@ def _lab22(p: runtime.Profile, quick: bool) -> dict[str, Any]:
     model = _fleet_model(p)
     if _gpu(p):
         prefix, suffix, out, prefixes, per = 2048, 64, 16, 8, (4 if quick else 6)
-        scale = {"max_num_seqs": 8, "input_len": 1024, "output_len": 128, "rate": 16.0 if quick else 24.0,
-                 "duration_s": 120.0 if quick else 240.0}
+        scale = {"max_num_seqs": 8, "input_len": 1024, "output_len": 128, "capacity_s": 20.0, "overload": 1.6,
+                 "after_join_s": 10.0 if quick else 30.0, "max_duration_s": 600.0}
     else:
         prefix, suffix, out, prefixes, per = 384, 32, 8, 6, 4
-        scale = {"max_num_seqs": 4, "input_len": 128, "output_len": 16, "rate": 3.0,
-                 "duration_s": 75.0 if quick else 150.0}
+        scale = {"max_num_seqs": 4, "input_len": 128, "output_len": 16, "capacity_s": 10.0 if quick else 20.0,
+                 "overload": 1.6, "after_join_s": 8.0 if quick else 30.0, "max_duration_s": 400.0}
     request = prefix + suffix + out
     cache_tokens = int((prefixes / 2 + 1.5) * request)   # holds half the prefixes (cache-aware), not all (round-robin)
     kv_bytes = cache_tokens * _kv_per_token(p, model)
     max_len = min(p.max_model_len, 2 * request, cache_tokens)
     return {"max_model_len": max_len, "max_request_tokens": request,
             "min_gpu_memory_utilization": round(p.utilization / 2, 3) if _gpu(p) else None,
-            "min_run_s": scale["duration_s"], "model": model,
+            "min_run_s": scale["capacity_s"], "model": model,
             "values": {"replicas": 2, "prefix_len": prefix, "suffix_len": suffix, "output_len": out,
                        "num_prefixes": prefixes, "per_prefix": per, "concurrency": 2,
                        "cache_tokens": cache_tokens, "kv_cache_memory_bytes": kv_bytes, "replica_max_model_len": max_len,
@@ -428,8 +430,8 @@ def _lab22(p: runtime.Profile, quick: bool) -> dict[str, Any]:
                        {"claim": f"a replica's cache ({cache_tokens:,} tokens) holds the {prefixes // 2} prefixes "
                                  f"cache-aware routing gives it plus one request, but not all {prefixes}",
                         "ok": (prefixes // 2 + 1) * request <= cache_tokens < prefixes * prefix},
-                       _long_enough(p, scale["duration_s"], scale["input_len"], scale["output_len"],
-                                    batch=scale["max_num_seqs"], what="the scale-out load")]}
+                       _long_enough(p, scale["capacity_s"], scale["input_len"], scale["output_len"],
+                                    batch=scale["max_num_seqs"], what="one replica's capacity run", model=model)]}
 
 
 @_register("23")
@@ -452,7 +454,7 @@ def _lab23(p: runtime.Profile, quick: bool) -> dict[str, Any]:
                        "burn_windows": [["2m", "30s", 14.4, "page", "10s"], ["5m", "1m", 6.0, "ticket", "30s"]]},
             "checks": [_shared_gpu_fit(p, 2, load["input_len"] + load["output_len"], model),
                        _long_enough(p, phases["calm_s"], load["input_len"], load["output_len"],
-                                    batch=load["max_num_seqs"], what="the calm phase")]}
+                                    batch=load["max_num_seqs"], what="the calm phase", model=model)]}
 
 
 # ------------------------------------------------------------------------------------------ API

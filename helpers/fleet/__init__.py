@@ -43,7 +43,8 @@ from .autoscaler import QueueAutoscaler, QueueRule, ScaleOut, decide
 from .prometheus import Prometheus
 from .replicas import replica_env, start_replica, start_replicas, stop_replicas
 from .router import Router
-from .routing import RoutingPrediction, predict_routing, routing_trace
+from .routing import RoutingPrediction, RoutingRun, measure_routing, predict_routing, routing_trace
 
 __all__ = ["Router", "Prometheus", "QueueAutoscaler", "QueueRule", "ScaleOut", "decide", "start_replica", "start_replicas",
-           "stop_replicas", "replica_env", "routing_trace", "predict_routing", "RoutingPrediction"]
+           "stop_replicas", "replica_env", "routing_trace", "predict_routing", "RoutingPrediction", "measure_routing",
+           "RoutingRun"]
