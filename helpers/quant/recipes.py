@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -169,13 +170,20 @@ def linear_shapes(model_dir: str | Path, ignore: tuple[str, ...] = ("lm_head",),
             if name == "__metadata__" or not name.endswith(".weight") or len(meta["shape"]) != 2:
                 continue
             module = name[: -len(".weight")]
-            if ("embed" in module and not include_embeddings) or any(module == i or module.endswith("." + i) for i in ignore):
+            if ("embed" in module and not include_embeddings) or any(_ignored(module, i) for i in ignore):
                 continue
             out[name] = tuple(meta["shape"])
     return out
 
 
 _COMMON_GROUPS = (16, 32, 64, 128, 256)
+
+
+def _ignored(module: str, pattern: str) -> bool:
+    """compressed-tensors' rule: ``re:`` + a regular expression matched at the start, else the exact name."""
+    if pattern.startswith("re:"):
+        return re.match(pattern[3:], module) is not None
+    return module == pattern or module.endswith("." + pattern)
 
 
 def check_group_size(model_dir: str | Path, r: "Recipe | int", ignore: tuple[str, ...] = ("lm_head",),

@@ -1,0 +1,80 @@
+"""Quantized checkpoints served by real vLLM on CPU: W8A8 INT8, W4A16 GPTQ (group 64) and a fake-quantized bf16
+checkpoint each start and answer a greedy completion; the log names the linear kernel vLLM picked.
+
+Three server starts (about 40 s each here) plus, on a cold cache, the full W4A16 GPTQ build (minutes on 2 cores).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import time
+
+import pytest
+
+from helpers import quant, runtime, server
+
+TEST_SAMPLES = 16  # as tests/test_quant_build.py: the same cached GPTQ checkpoint
+
+
+def _has_quant_env() -> bool:
+    try:
+        quant.quant_python()
+        return True
+    except quant.QuantEnvMissing:
+        return False
+
+
+pytestmark = [
+    pytest.mark.vllm,
+    pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="needs vLLM installed"),
+    pytest.mark.skipif(not _has_quant_env(), reason="needs .venv-quant (make setup)"),
+]
+
+_KERNEL = re.compile(r"\b(\w+(?:Kernel|LinearMethod))\b")
+
+
+def _start(prof: runtime.Profile, path: str) -> server.Server:
+    deadline = time.monotonic() + 600
+    while True:
+        try:
+            return server.start(prof, model=path, max_model_len=1024, reuse=False, progress=False)
+        except server.TooManyServers:  # other labs' servers on this machine: wait for a slot
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(15)
+
+
+def _kernel_lines(log: str) -> list[str]:
+    return [ln.strip() for ln in log.splitlines() if _KERNEL.search(ln) and ("Using" in ln or "kernel" in ln.lower())]
+
+
+@pytest.mark.parametrize("which,kernel", [
+    ("w8a8-rtn", "CPUInt8ScaledMMLinearKernel"),
+    ("w4a16-gptq-g64", "CPUWNA16LinearKernel"),
+    ("fake-nvfp4", None),
+])
+def test_quantized_checkpoint_serves_on_cpu(which, kernel, record_property):
+    if which == "fake-nvfp4":
+        ckpt = quant.fake_quantized_checkpoint("default", "nvfp4")
+    else:
+        r = quant.recipe(which)
+        quant.check_servable(r)
+        ckpt = quant.build("default", r, samples=TEST_SAMPLES)
+    record_property("build_s", ckpt.seconds)
+    srv = _start(runtime.profile("cpu"), str(ckpt.path))
+    try:
+        out = srv.client().completions.create(model=srv.model, prompt="The capital of France is", max_tokens=8,
+                                              temperature=0)
+        text = out.choices[0].text
+        lines = _kernel_lines(srv.log_text())
+        record_property("kernel_lines", lines)
+        record_property("completion", text)
+        print(f"\n{which}: ready in {srv.ready_s:.0f} s; completion {text!r}\n  " + "\n  ".join(lines))
+    finally:
+        srv.terminate()
+    assert text.strip(), "an empty completion"
+    if kernel:
+        assert any(kernel in ln for ln in lines), f"{kernel} not in the log's kernel lines: {lines}"
+    else:  # bf16 weights: no quantized linear kernel at all
+        assert not any("Int8" in ln or "WNA16" in ln for ln in lines), lines
