@@ -241,6 +241,28 @@ def test_cpu_refusals_name_the_alternative():
         quant.check_servable(quant.NVFP4, _gpu("NVIDIA H100", (9, 0)))
 
 
+@pytest.mark.parametrize("weights,fmt,refused", [
+    ({"type": "float", "num_bits": 8, "strategy": "channel"}, "fp8", True),
+    ({"type": "float", "num_bits": 4, "group_size": 16, "strategy": "tensor_group"}, "nvfp4", True),
+    ({"type": "float", "num_bits": 4, "group_size": 32, "strategy": "group"}, "mxfp4", True),
+    ({"type": "int", "num_bits": 8, "strategy": "channel"}, "int8", False),
+    ({"type": "int", "num_bits": 4, "group_size": 64, "strategy": "group"}, "int4", False),
+    (None, None, False),
+])
+def test_a_checkpoint_folder_is_checked_by_its_config(tmp_path, weights, fmt, refused):
+    cfg = {"model_type": "llama"}
+    if weights:
+        cfg["quantization_config"] = {"quant_method": "compressed-tensors",
+                                      "config_groups": {"group_0": {"targets": ["Linear"], "weights": weights}}}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    assert quant.checkpoint_format(tmp_path) == fmt
+    if refused:
+        with pytest.raises(quant.UnservableError, match="instead"):
+            quant.check_servable(tmp_path, CPU)
+    else:
+        quant.check_servable(tmp_path, CPU)
+
+
 def test_missing_quant_environment_says_make_setup(tmp_path, monkeypatch):
     monkeypatch.setenv("LABS_QUANT_PYTHON", str(tmp_path / "nope" / "python"))
     with pytest.raises(quant.QuantEnvMissing, match="make setup"):

@@ -26,7 +26,7 @@ from ..runtime import Machine, detect
 
 __all__ = ["Recipe", "RECIPES", "FP8_DYNAMIC", "W8A8_RTN", "W8A8_SQ_GPTQ", "W4A16_RTN", "W4A16_GPTQ",
            "W4A16_GPTQ_NO_ACTORDER", "W4A16_AWQ", "NVFP4", "NVFP4A16", "MXFP4", "MXFP4A16", "UnservableError",
-           "linear_shapes", "check_group_size", "check_servable", "recipe"]
+           "linear_shapes", "check_group_size", "check_servable", "checkpoint_format", "recipe"]
 
 _SCHEMES = {  # scheme -> (weight format, activation format, group size it fixes or None)
     "FP8_DYNAMIC": ("fp8", "fp8 dynamic per token", None),
@@ -232,16 +232,43 @@ class UnservableError(ValueError):
     """
 
 
-def check_servable(r: Recipe, machine: Machine | None = None) -> None:
-    """Refuse, with the alternative, a format this machine cannot compute in.
-
-    CPU: FP8 (measured here: FP8_DYNAMIC loads but decodes at ~0.1 tokens/s), NVFP4 and MXFP4 (no kernels).
-    GPU: FP8 needs compute capability 8.9 (Ada, Hopper); FP4 needs 10.0 (Blackwell). INT8 and INT4 run on both.
-    Building is never refused: llm-compressor builds every format on CPU, and :func:`helpers.quant.fake` shows
-    a format's accuracy on any machine.
+def checkpoint_format(path: str | Path) -> str | None:
+    """The weight format a checkpoint folder stores, from its ``config.json`` (``quantization_config``, as
+    compressed-tensors writes it): ``fp8``, ``int8``, ``int4``, ``nvfp4``, ``mxfp4``; ``None`` when unquantized
+    (a fake-quantized checkpoint included: its weights are plain bf16).
 
     Introduced in lab 12 (FP8 as the Default).
     """
+    cfg = json.loads((Path(path) / "config.json").read_text()).get("quantization_config")
+    if not cfg:
+        return None
+    groups = cfg.get("config_groups") or {}
+    w = next((g.get("weights") for g in groups.values() if g.get("weights")), None)
+    if w is None:
+        return str(cfg.get("quant_method"))
+    if w.get("type") == "float":
+        return "fp8" if w.get("num_bits") == 8 else "nvfp4" if w.get("group_size") == 16 else "mxfp4"
+    return f"int{w.get('num_bits')}"
+
+
+def check_servable(r: "Recipe | str | Path", machine: Machine | None = None) -> None:
+    """Refuse, with the alternative, a format this machine cannot compute in. ``r`` is a recipe or a checkpoint
+    folder (a :class:`~helpers.quant.cache.Checkpoint`'s ``path``).
+
+    CPU: FP8 (measured here: FP8_DYNAMIC loads but decodes at ~0.1 tokens/s), NVFP4 and MXFP4 (no kernels).
+    GPU: FP8 needs compute capability 8.9 (Ada, Hopper); FP4 needs 10.0 (Blackwell). INT8 and INT4 run on both.
+    Building is never refused: llm-compressor builds every format on CPU, and
+    :func:`helpers.quant.fake_quantized_checkpoint` shows a format's accuracy on any machine.
+
+    Introduced in lab 12 (FP8 as the Default).
+    """
+    if not isinstance(r, Recipe):
+        path = Path(getattr(r, "path", r))
+        fmt = checkpoint_format(path)
+        if fmt is None:
+            return
+        r = Recipe(path.name, {"fp8": "FP8_DYNAMIC", "int8": "W8A8", "nvfp4": "NVFP4A16", "mxfp4": "MXFP4A16"}.get(
+            fmt, "W4A16"), group_size=64 if fmt == "int4" else None)
     machine = machine or detect()
     fmt = r.weight_format
     if fmt in ("int8", "int4"):
