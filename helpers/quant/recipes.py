@@ -48,8 +48,10 @@ class Recipe:
     llm-compressor's plain ``QuantizationModifier``), ``"gptq"`` or ``"awq"``. ``smoothquant``: a SmoothQuant
     smoothing strength applied first (0.8 for W8A8), or ``None``. ``group_size``: columns that share one scale
     for the grouped int4 schemes (the NVFP4/MXFP4 blocks are fixed at 16/32). ``actorder``: GPTQ's activation
-    ordering (``"static"`` = llm-compressor's default, ``None`` = off). ``ignore``: modules left in bf16.
-    ``lab``: the lab that introduces the recipe.
+    ordering (``"static"`` = llm-compressor's default, ``None`` = off). ``ignore``: modules left in bf16 (names,
+    or ``re:`` + a regular expression). ``pipeline``: llm-compressor's calibration pipeline (``None``: its own
+    choice, layer by layer for GPTQ/AWQ; ``"basic"``: one pass over the whole model, cheaper when few layers are
+    quantized). ``lab``: the lab that introduces the recipe.
 
     Introduced in lab 14 (AWQ, GPTQ, and What Died).
     """
@@ -63,6 +65,7 @@ class Recipe:
     dampening_frac: float = 0.01
     targets: tuple[str, ...] = ("Linear",)
     ignore: tuple[str, ...] = ("lm_head",)
+    pipeline: str | None = None
     lab: int = 14
 
     def __post_init__(self) -> None:
@@ -72,6 +75,8 @@ class Recipe:
             raise ValueError(f"algorithm must be 'rtn', 'gptq' or 'awq', not {self.algorithm!r}")
         if self.actorder not in (None, "static", "weight", "group"):
             raise ValueError(f"actorder must be None, 'static' or 'group', not {self.actorder!r}")
+        if self.pipeline not in (None, "basic", "sequential"):
+            raise ValueError(f"pipeline must be None, 'basic' or 'sequential', not {self.pipeline!r}")
         if self.actorder and self.algorithm != "gptq":
             raise ValueError("actorder is a GPTQ setting; use algorithm='gptq' or actorder=None")
         fixed = _SCHEMES[self.scheme][2]
@@ -116,6 +121,8 @@ class Recipe:
         d = self.to_dict()
         d.pop("lab")
         d.pop("name")
+        if d["pipeline"] is None:
+            d.pop("pipeline")  # keys built before the field existed stay valid
         return json.dumps(d, sort_keys=True, separators=(",", ":"))
 
 
