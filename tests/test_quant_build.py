@@ -79,15 +79,25 @@ def source() -> dict[str, torch.Tensor]:
 
 
 # ------------------------------------------------------------------------------- refused up front
+def _my_workers() -> list:
+    return [r for r in procs.records("quant") if r.owner_pid == os.getpid()]
+
+
 def test_refusals_come_before_any_work(monkeypatch):
-    before = len(procs.records("quant"))
+    spawned = []
+
+    def no_start(self):
+        spawned.append(self)
+        raise AssertionError(f"a worker was started: {self.cmd}")
+
+    monkeypatch.setattr(procs.Proc, "start", no_start)
     t0 = time.perf_counter()
     with pytest.raises(ValueError, match=r"576 input columns.*16, 32, 64"):
         quant.build("default", quant.W4A16_GPTQ.with_group_size(128))
     monkeypatch.setenv("LABS_QUANT_PYTHON", "/nonexistent/python")
     with pytest.raises(quant.QuantEnvMissing, match="make setup"):
         quant.build("default", quant.W8A8_RTN)
-    assert time.perf_counter() - t0 < 5 and len(procs.records("quant")) == before
+    assert time.perf_counter() - t0 < 5 and spawned == [] and _my_workers() == []
 
 
 # --------------------------------------------------------------------------- a build that is killed
