@@ -17,7 +17,8 @@ from helpers import quant
 from helpers.quant import cache, formats
 from helpers.runtime import GPU, Machine
 
-CPU = Machine(is_colab=False, gpus=(), cpu_count=2, memory_gib=24.0)
+CPU = Machine(is_colab=False, gpus=(), cpu_count=2, memory_gib=24.0, cpu_flags=frozenset({"avx2", "avx512f"}))
+CPU_AVX2 = Machine(is_colab=False, gpus=(), cpu_count=2, memory_gib=24.0, cpu_flags=frozenset({"avx2"}))
 
 
 def _gpu(name: str, cc: tuple[int, int]) -> Machine:
@@ -219,6 +220,7 @@ def test_recipes_validate_and_hash_canonically():
 
 @pytest.mark.parametrize("machine,refused,allowed", [
     (CPU, ["fp8-dynamic", "nvfp4", "mxfp4a16"], ["w8a8-rtn", "w4a16-gptq-g64"]),
+    (CPU_AVX2, ["fp8-dynamic", "nvfp4", "w4a16-gptq-g64", "w4a16-rtn-g64"], ["w8a8-rtn", "w8a8-sq-gptq"]),
     (_gpu("Tesla T4", (7, 5)), ["fp8-dynamic", "nvfp4"], ["w8a8-sq-gptq", "w4a16-awq-g64"]),
     (_gpu("NVIDIA H100", (9, 0)), ["nvfp4", "mxfp4"], ["fp8-dynamic", "w8a8-rtn"]),
     (_gpu("NVIDIA B200", (10, 0)), [], ["fp8-dynamic", "nvfp4", "mxfp4", "w4a16-gptq-g64"]),
@@ -239,6 +241,10 @@ def test_cpu_refusals_name_the_alternative():
         quant.check_servable(quant.NVFP4, CPU)
     with pytest.raises(quant.UnservableError, match="FP8"):
         quant.check_servable(quant.NVFP4, _gpu("NVIDIA H100", (9, 0)))
+    with pytest.raises(quant.UnservableError, match="AVX-512.*cpu_gemm_wna16.*W8A8 INT8"):
+        quant.check_servable(quant.W4A16_GPTQ, CPU_AVX2)
+    with pytest.raises(quant.UnservableError, match="Serve W8A8 INT8"):  # not W4A16: this CPU cannot serve it
+        quant.check_servable(quant.MXFP4, CPU_AVX2)
 
 
 @pytest.mark.parametrize("weights,fmt,refused", [
@@ -246,7 +252,7 @@ def test_cpu_refusals_name_the_alternative():
     ({"type": "float", "num_bits": 4, "group_size": 16, "strategy": "tensor_group"}, "nvfp4", True),
     ({"type": "float", "num_bits": 4, "group_size": 32, "strategy": "group"}, "mxfp4", True),
     ({"type": "int", "num_bits": 8, "strategy": "channel"}, "int8", False),
-    ({"type": "int", "num_bits": 4, "group_size": 64, "strategy": "group"}, "int4", False),
+    ({"type": "int", "num_bits": 4, "group_size": 64, "strategy": "group"}, "int4", False),  # AVX-512 CPU
     (None, None, False),
 ])
 def test_a_checkpoint_folder_is_checked_by_its_config(tmp_path, weights, fmt, refused):

