@@ -327,6 +327,7 @@ def test_a_failed_build_leaves_nothing_and_a_stale_temp_folder_is_cleared(tmp_pa
                          source_model="m", recipe={})
     assert not stale.exists() and c.weight_bytes == 4 and not c.cache_hit
     assert cache.build_once("demo", "k2", boom, kind="test", source_model="m", recipe={}).cache_hit
+    assert cache.build_once("renamed", "k2", boom, kind="test", source_model="m", recipe={}).path == c.path  # key wins
     assert time.perf_counter() - t0 < 2
 
 

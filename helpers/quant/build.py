@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import sys
 import tempfile
 import time
@@ -64,7 +65,12 @@ def model_dir(model: str | os.PathLike | None) -> Path:
 
 
 def _short_name(model: str | os.PathLike | None) -> str:
-    return models.served_name(model).lower()
+    """``smollm2`` for the default model, a folder's name, or the repository name of a hub-cache snapshot."""
+    name = models.served_name(model)
+    path = Path(str(model))
+    if re.fullmatch(r"[0-9a-f]{40}", name) and path.parent.name == "snapshots":
+        name = path.parent.parent.name.split("--")[-1]
+    return name.lower()
 
 
 def build(model: str | os.PathLike | None, r: "Recipe | str", *, calibration: str | os.PathLike | None = None,

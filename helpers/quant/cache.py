@@ -172,6 +172,9 @@ def build_once(name: str, key: str, make: Callable[[Path], dict[str, Any]], *, k
     final = cached(name, key)
     if (final / METADATA).is_file():
         return Checkpoint.load(final)
+    for other in final.parent.glob(f"*-{key}"):  # the same inputs under another name (a model named by its path)
+        if (other / METADATA).is_file():
+            return Checkpoint.load(other)
     with _lock(final.parent / f".{final.name}.lock"):
         if (final / METADATA).is_file():
             return Checkpoint.load(final)
