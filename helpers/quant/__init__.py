@@ -19,7 +19,7 @@
 
 from .build import DEFAULT_SAMPLES, DEFAULT_SEQ_LEN, QuantBuildError, build, default_calibration, model_dir
 from .cache import Checkpoint
-from .env import QuantEnvMissing, llmcompressor_version, quant_python
+from .env import QuantEnvMissing, llmcompressor_version, quant_python, quant_torch_version
 from .fake import FAKE_DEFAULTS, fake_quantized_checkpoint
 from .formats import (FORMATS, ErrorStats, FloatSpec, Quantized, error_stats, fake_quantize, float_spec, grid,
                       nvfp4_global_scale, quantize, round_to_grid)
@@ -33,7 +33,7 @@ __all__ = [
     "Recipe", "RECIPES", "recipe", "FP8_DYNAMIC", "W8A8_RTN", "W8A8_SQ_GPTQ", "W4A16_RTN", "W4A16_GPTQ",
     "W4A16_GPTQ_NO_ACTORDER", "W4A16_AWQ", "NVFP4", "NVFP4A16", "MXFP4", "MXFP4A16",
     "UnservableError", "check_group_size", "check_servable", "checkpoint_format", "linear_shapes",
-    "quant_python", "llmcompressor_version", "QuantEnvMissing",
+    "quant_python", "llmcompressor_version", "quant_torch_version", "QuantEnvMissing",
     "Checkpoint", "build", "QuantBuildError", "default_calibration", "model_dir", "DEFAULT_SAMPLES",
     "DEFAULT_SEQ_LEN", "fake_quantized_checkpoint", "FAKE_DEFAULTS",
 ]

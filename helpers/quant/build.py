@@ -25,7 +25,7 @@ from pathlib import Path
 
 from .. import models, procs, settings
 from . import cache
-from .env import llmcompressor_version, quant_python
+from .env import llmcompressor_version, quant_python, quant_torch_version
 from .recipes import Recipe, check_group_size, recipe
 
 __all__ = ["build", "QuantBuildError", "default_calibration", "model_dir", "DEFAULT_SAMPLES", "DEFAULT_SEQ_LEN"]
@@ -92,6 +92,12 @@ def build(model: str | os.PathLike | None, r: "Recipe | str", *, calibration: st
     src = model_dir(model)
     check_group_size(src, r)
     python = quant_python()
+    if r.algorithm == "awq" and (quant_torch_version(python) or "").endswith("+cpu"):
+        raise QuantBuildError(
+            f"{r.name}: llm-compressor 0.14.0.1's AWQ pins its cached activations in page-locked memory, which a "
+            "CPU-only torch refuses ('Cannot access accelerator device when none is available', measured here). "
+            "Use GPTQ on this machine (recipes.W4A16_GPTQ), or build AWQ where the quantization environment has a "
+            "CUDA torch.")
     calib = Path(calibration) if calibration else default_calibration()
     job = {"recipe": r.to_dict(), "calibration": None, "samples": None, "seq_len": None}
     calib_sha = None

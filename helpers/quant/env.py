@@ -13,7 +13,7 @@ from pathlib import Path
 
 from .. import settings
 
-__all__ = ["QUANT_PYTHON_ENV", "QuantEnvMissing", "quant_python", "llmcompressor_version"]
+__all__ = ["QUANT_PYTHON_ENV", "QuantEnvMissing", "quant_python", "llmcompressor_version", "quant_torch_version"]
 
 #: The variable that names the quantization environment's interpreter.
 QUANT_PYTHON_ENV = "LABS_QUANT_PYTHON"
@@ -69,3 +69,14 @@ def llmcompressor_version(python: str | Path | None = None) -> str:
     Introduced in lab 14 (AWQ, GPTQ, and What Died).
     """
     return _version(str(python or quant_python()))
+
+
+def quant_torch_version(python: str | Path | None = None) -> str | None:
+    """The torch version in the quantization environment (``2.13.0+cpu``: no accelerator), from its metadata.
+
+    Introduced in lab 14 (AWQ, GPTQ, and What Died).
+    """
+    env_root = Path(str(python or quant_python())).parent.parent
+    for dist in env_root.glob("lib/python*/site-packages/torch-*.dist-info"):
+        return dist.name[len("torch-"):-len(".dist-info")]
+    return None
