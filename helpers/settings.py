@@ -62,6 +62,8 @@ FLAGS: dict[str, Flag] = {f.name: f for f in (
     Flag("LABS_KEEP_SERVER_ON_ERROR", "0", "1 = a failing notebook cell leaves its servers running"),
     Flag("LABS_CPU_DTYPE", None, "bfloat16 or float32: override the CPU profile's dtype, which is otherwise "
                                  "chosen from the CPU's instructions (native bf16 or not)"),
+    Flag("LABS_QUANT_PYTHON", None, "the python of the llm-compressor environment (default .venv-quant/bin/python "
+                                    "in the repository, built by `make setup`)"),
     Flag("LABS_REPO", None, "the repository the Colab setup cell clones (read by that cell, before helpers is "
                             "installed)"),
 )}

@@ -1,0 +1,97 @@
+"""Quantized checkpoints served by real vLLM on CPU: W8A8 INT8, W4A16 GPTQ (group 64) and a fake-quantized bf16
+checkpoint each start and answer a greedy completion; the log names the linear kernel vLLM picked.
+
+Three server starts (about 40 s each here) plus, on a cold cache, the full W4A16 GPTQ build (minutes on 2 cores).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import time
+
+import pytest
+
+from helpers import quant, runtime, server
+
+TEST_SAMPLES = 16  # as tests/test_quant_build.py: the same cached GPTQ checkpoint
+
+
+def _has_quant_env() -> bool:
+    try:
+        quant.quant_python()
+        return True
+    except quant.QuantEnvMissing:
+        return False
+
+
+pytestmark = [
+    pytest.mark.vllm,
+    pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="needs vLLM installed"),
+    pytest.mark.skipif(not _has_quant_env(), reason="needs .venv-quant (make setup)"),
+]
+
+_KERNEL = re.compile(r"(?:Selected|Using) (\w+Kernel) for (\w+)")  # "Selected CPUInt8ScaledMMLinearKernel for ..."
+_QUANT = re.compile(r"\bquantization=([\w-]+)")     # the engine config line
+
+
+def _start(prof: runtime.Profile, path: str) -> server.Server:
+    deadline = time.monotonic() + 600
+    while True:
+        try:
+            return server.start(prof.replace(model=path), max_model_len=1024, reuse=False, progress=False)
+        except server.TooManyServers:  # other labs' servers on this machine: wait for a slot
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(15)
+
+
+def _kernel_lines(log: str) -> list[str]:
+    return [ln.strip() for ln in log.splitlines() if _KERNEL.search(ln)]
+
+
+@pytest.mark.parametrize("which,method,kernel", [
+    ("w8a8-rtn", "compressed-tensors", "CPUInt8ScaledMMLinearKernel"),
+    ("w4a16-gptq-g64", "compressed-tensors", "CPUWNA16LinearKernel"),
+    ("fake-nvfp4", "None", None),
+])
+def test_quantized_checkpoint_serves_on_cpu(which, method, kernel, record_property):
+    refused = None
+    if which == "fake-nvfp4":
+        ckpt = quant.fake_quantized_checkpoint("default", "nvfp4")
+    else:
+        r = quant.recipe(which)
+        ckpt = quant.build("default", r, samples=TEST_SAMPLES)
+        try:
+            quant.check_servable(ckpt.path)
+        except quant.UnservableError as e:  # INT4 on a CPU without AVX-512: check the refusal is still true
+            refused = e
+    record_property("build_s", ckpt.seconds)
+    srv = _start(runtime.profile("cpu"), str(ckpt.path))
+    try:
+        if refused is not None:
+            with pytest.raises(Exception):
+                srv.client(max_retries=0).completions.create(model=srv.model, prompt="Hi", max_tokens=4,
+                                                             timeout=120)
+            assert "cpu_gemm_wna16" in srv.log_text(), "a new reason; update quant.check_servable"
+            lines = _kernel_lines(srv.log_text())
+            print(f"\n{which}: refused here ({refused}); vLLM confirms: " + "; ".join(lines))
+            assert any(kernel in ln for ln in lines), lines
+            return
+        out = srv.client().completions.create(model=srv.model, prompt="The capital of France is", max_tokens=8,
+                                              temperature=0)
+        text = out.choices[0].text
+        log = srv.log_text()
+        lines = _kernel_lines(log)
+        quantization = _QUANT.search(log)
+        record_property("kernel_lines", lines)
+        record_property("completion", text)
+        print(f"\n{which}: ready in {srv.ready_s:.0f} s; completion {text!r}\n  " + "\n  ".join(lines))
+    finally:
+        srv.terminate()
+    assert text.strip(), "an empty completion"
+    assert quantization and quantization.group(1) == method, quantization
+    if kernel:
+        assert any(kernel in ln for ln in lines), f"{kernel} not in the log's kernel lines: {lines}"
+    else:  # bf16 weights, whatever format they were rounded through: no quantized linear kernel at all
+        assert lines == [], lines
