@@ -10,7 +10,7 @@ import types
 import numpy as np
 import pytest
 
-from helpers.bench import (SLO, ClientLimits, Concurrent, ConstantRate, LoopHealth, Poisson, Ramp, RequestResult,
+from helpers.bench import (SLO, ClientLimits, Concurrent, ConstantRate, LoopHealth, Poisson, Ramp, Steps, RequestResult,
                            StreamParser, Timings, bootstrap_quantile, chunk_gaps, choose_workers, compare, goodput,
                            itl_values, make_arrivals, pooled_itl_median, quantile_with_ci, steady_state_window,
                            summarize, wilson_interval)
@@ -417,6 +417,22 @@ def test_ramp_arrivals_rise_linearly_and_are_seeded():
     assert Poisson(rate=8).count_for(30) == 240 and ConstantRate(rate=2.5).count_for(2) == 5
     with pytest.raises(ValueError, match="--end-rate"):
         make_arrivals("ramp", rate=1)
+
+
+def test_step_arrivals_keep_each_phase_rate_and_exact_boundaries():
+    steps = Steps(((50.0, 2.0), (20.0, 10.0), (50.0, 2.0)), seed=3)
+    n = steps.count_for(120.0)
+    assert n == 400 and steps.duration_s == 120.0 and steps.boundaries() == [0.0, 50.0, 70.0]
+    t = np.asarray(steps.offsets(n))
+    assert np.all(np.diff(t) >= 0) and t[-1] == pytest.approx(120.0, abs=35)  # 3 sd of 400 gaps at 2/s
+    calm, burst = np.sum(t < 50), np.sum((t >= 50) & (t < 70))      # expected 100 and 200
+    assert 70 < calm < 130 and 160 < burst < 240
+    assert steps.rate_at(60.0) == 10.0 and steps.rate_at(500.0) == 2.0 and steps.peak_rate == 10.0
+    assert steps.offsets(30) == Steps(((50.0, 2.0), (20.0, 10.0), (50.0, 2.0)), seed=3).offsets(30)
+    assert Steps(((5.0, 0.0), (5.0, 4.0))).offsets(10)[0] >= 5.0   # a silent phase sends nothing
+    assert steps.cli_args() is None
+    with pytest.raises(ValueError, match="last rate"):
+        Steps(((5.0, 1.0), (5.0, 0.0)))
 
 
 def test_auto_workers_follow_the_expected_chunk_rate_and_stop_at_the_cores():

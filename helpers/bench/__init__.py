@@ -27,7 +27,7 @@ several processes); ``stats`` (distributions, windows, the two goodputs; no file
 """
 
 from . import charts
-from .arrivals import Arrivals, Concurrent, ConstantRate, Poisson, Ramp, Synchronous, make_arrivals
+from .arrivals import Arrivals, Concurrent, ConstantRate, Poisson, Ramp, Steps, Synchronous, make_arrivals
 from .batching import interpolate, static_batches
 from .calibration import CalibrationConfig, CalibrationServer
 from .client import ClientConfig, StreamParser, build_payload
@@ -54,7 +54,7 @@ __all__ = [
     "token_counter", "SAMPLE_CHAT", "VariableLength", "LengthDist", "Uniform", "Normal", "Histogram", "parse_length",
     "Conversations", "CONVERSATIONS", "Trace", "TraceArrivals", "EXAMPLE_TRACE",
     # arrivals
-    "Arrivals", "Synchronous", "Concurrent", "ConstantRate", "Poisson", "Ramp", "make_arrivals",
+    "Arrivals", "Synchronous", "Concurrent", "ConstantRate", "Poisson", "Ramp", "Steps", "make_arrivals",
     # client
     "ClientConfig", "StreamParser", "build_payload", "ClientLimits", "LoopHealth",
     # running and saved runs

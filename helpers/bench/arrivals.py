@@ -18,7 +18,7 @@ from typing import ClassVar
 
 import numpy as np
 
-__all__ = ["Arrivals", "Synchronous", "Concurrent", "ConstantRate", "Poisson", "Ramp", "make_arrivals"]
+__all__ = ["Arrivals", "Synchronous", "Concurrent", "ConstantRate", "Poisson", "Ramp", "Steps", "make_arrivals"]
 
 
 class Arrivals:
@@ -50,8 +50,8 @@ class Arrivals:
     def as_dict(self) -> dict:
         return {"arrivals": self.name, **asdict(self)}  # type: ignore[call-overload]
 
-    def cli_args(self) -> list[str]:
-        """The ``python -m helpers.bench run`` flags that select these arrivals."""
+    def cli_args(self) -> list[str] | None:
+        """The ``python -m helpers.bench run`` flags that select these arrivals (``None``: no CLI form)."""
         args = ["--arrivals", self.name]
         if getattr(self, "rate", None) is not None:
             args += ["--rate", f"{self.rate:g}"]  # type: ignore[attr-defined]
@@ -241,6 +241,83 @@ class Ramp(Arrivals):
         cap = f", at most {self.max_in_flight} in flight" if self.max_in_flight else ""
         return (f"ramp {self.start_rate:g} -> {self.end_rate:g} req/s over {self.duration_s:g} s "
                 f"(seed {self.seed}){cap}")
+
+
+@dataclass(frozen=True)
+class Steps(Arrivals):
+    """Open loop, Poisson within each phase: ``phases`` is ``((duration_s, rate), ...)`` — calm, overload, recovery
+    — seeded. After the last phase it stays at the last rate if more requests are asked for.
+
+    Drawn like :class:`Ramp`, by time rescaling through the cumulative rate, so a phase boundary is exact.
+
+    Introduced in lab 23 (Observability and the Postmortem).
+    """
+
+    phases: tuple[tuple[float, float], ...] = ((30.0, 1.0), (30.0, 4.0), (30.0, 1.0))
+    seed: int = 0
+    max_in_flight: int | None = None
+    name: ClassVar[str] = "steps"
+    open_loop: ClassVar[bool] = True
+
+    def __post_init__(self) -> None:
+        phases = tuple((float(d), float(r)) for d, r in self.phases)
+        object.__setattr__(self, "phases", phases)
+        if not phases or any(not d > 0 or r < 0 for d, r in phases) or not phases[-1][1] > 0:
+            raise ValueError(f"steps need phases of (duration_s > 0, rate >= 0) and a last rate > 0, got {self.phases}")
+
+    @property
+    def duration_s(self) -> float:
+        return sum(d for d, _ in self.phases)
+
+    def boundaries(self) -> list[float]:
+        """When each phase starts (seconds after the start)."""
+        return [sum(d for d, _ in self.phases[:i]) for i in range(len(self.phases))]
+
+    def cumulative(self, t: float) -> float:
+        """Expected requests sent by time ``t``."""
+        total, start = 0.0, 0.0
+        for d, r in self.phases:
+            if t <= start + d:
+                return total + r * (t - start)
+            total, start = total + r * d, start + d
+        return total + self.phases[-1][1] * (t - start)
+
+    def rate_at(self, t: float) -> float:
+        for start, (d, r) in zip(self.boundaries(), self.phases):
+            if t < start + d:
+                return r
+        return self.phases[-1][1]
+
+    def _inverse(self, u: float) -> float:
+        total, start = 0.0, 0.0
+        for d, r in self.phases:
+            if r > 0 and u <= total + r * d:
+                return start + (u - total) / r
+            total, start = total + r * d, start + d
+        return start + (u - total) / self.phases[-1][1]
+
+    def offsets(self, n: int) -> list[float]:
+        if n <= 0:
+            return []
+        unit = np.cumsum(np.random.default_rng(self.seed).exponential(1.0, size=n))
+        return [self._inverse(float(u)) for u in unit]
+
+    def count_for(self, duration_s: float) -> int:
+        return max(1, int(round(self.cumulative(duration_s))))
+
+    @property
+    def peak_rate(self) -> float:
+        return max(r for _, r in self.phases)
+
+    def as_dict(self) -> dict:
+        return {"arrivals": self.name, "phases": [list(p) for p in self.phases], "seed": self.seed,
+                "max_in_flight": self.max_in_flight}
+
+    def cli_args(self) -> list[str] | None:
+        return None  # no CLI form: the run's config records the phases
+
+    def describe(self) -> str:
+        return "steps " + ", ".join(f"{r:g} req/s for {d:g} s" for d, r in self.phases) + f" (seed {self.seed})"
 
 
 def make_arrivals(name: str, rate: float | None = None, concurrency: int | None = None, seed: int = 0,

@@ -234,12 +234,13 @@ def _default_out(arrivals: Arrivals) -> Path:
 
 def _command(cfg: dict[str, Any], spec: Any, arrivals: Arrivals) -> str | None:
     wl_args = spec.cli_args() if isinstance(spec, WorkloadSpec) else None
-    if wl_args is None:
+    arr_args = arrivals.cli_args()
+    if wl_args is None or arr_args is None:
         return None
     size = (["--duration", f"{cfg['duration_s']:g}"] if cfg.get("duration_s") is not None
             else ["--num-requests", str(cfg["num_requests"])])
     args = ["python", "-m", "helpers.bench", "run", "--base-url", cfg["base_url"], "--model", str(cfg["model"]),
-            *wl_args, *arrivals.cli_args(), *size, "--warmup", str(cfg["warmup"]), "--seed", str(cfg["seed"])]
+            *wl_args, *arr_args, *size, "--warmup", str(cfg["warmup"]), "--seed", str(cfg["seed"])]
     if cfg.get("workers", {}).get("requested", 1) != 1:
         args += ["--workers", str(cfg["workers"]["requested"])]
     if cfg.get("out"):
