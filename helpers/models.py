@@ -29,7 +29,7 @@ from pathlib import Path
 
 from . import settings
 
-__all__ = ["DEFAULT_ID", "DEFAULT_SERVED_NAME", "default_model", "find_gguf", "random_checkpoint", "resolve",
+__all__ = ["DEFAULT_ID", "DEFAULT_SERVED_NAME", "RANDOM_PREFIX", "default_model", "find_gguf", "random_checkpoint", "resolve", "tiny_config_path",
            "local_path", "offline_env", "served_name", "is_local_id"]
 
 #: The hub id the default model is cached under (this project's namespace, never the upstream one).
@@ -208,13 +208,33 @@ def _looks_like_path(model: str) -> bool:
     return model.startswith(("/", ".", "~")) or not _HF_ID.match(model)
 
 
+#: ``random:NAME`` names a small model with random weights built from ``data/tiny/NAME.json`` (never downloaded).
+RANDOM_PREFIX = "random:"
+
+
+def tiny_config_path(name: str) -> Path:
+    """``data/tiny/NAME.json``: the config of a model this project builds with random weights.
+
+    Introduced in lab 04 (GQA, MLA, Sliding Windows).
+    """
+    path = settings.data_dir() / "tiny" / f"{name}.json"
+    if not path.is_file():
+        names = sorted(p.stem for p in (settings.data_dir() / "tiny").glob("*.json"))
+        raise FileNotFoundError(f"no tiny model {name!r}: data/tiny holds {', '.join(names)}")
+    return path
+
+
 def resolve(model: str | os.PathLike | None) -> str:
     """What vLLM should load for ``model``: ``"default"``/None/:data:`DEFAULT_ID` -> :data:`DEFAULT_ID` (converted
     into the hub cache first if needed); a local path (which must exist, with a config.json); or any other Hugging
-    Face id, passed through for vLLM to resolve (from the cache, or by downloading it on a machine with internet).
+    Face id, passed through for vLLM to resolve (from the cache, or by downloading it on a machine with internet);
+    ``random:NAME`` -> the folder of ``data/tiny/NAME.json`` built with random weights (cached by content).
 
     Introduced in lab 01 (One GPU, One Model).
     """
+    if str(model).startswith(RANDOM_PREFIX):
+        name = str(model)[len(RANDOM_PREFIX):]
+        return str(random_checkpoint(json.loads(tiny_config_path(name).read_text()), name=name))
     if model is None or str(model) in ("default", DEFAULT_ID):
         default_model(quiet=True)
         return DEFAULT_ID
@@ -278,6 +298,8 @@ def served_name(model: str | os.PathLike | None) -> str:
     text = str(model or "default")
     if text in ("default", DEFAULT_ID):
         return DEFAULT_SERVED_NAME
+    if text.startswith(RANDOM_PREFIX):
+        return text[len(RANDOM_PREFIX):]
     return Path(text.rstrip("/")).name
 
 

@@ -341,17 +341,22 @@ def _fleet_model(p: runtime.Profile) -> str:
 def _lab18(p: runtime.Profile, quick: bool) -> dict[str, Any]:
     model = TINY_TP if not _gpu(p) else p.model
     inp, out = 128, (32 if quick else 64)
-    batches = [1, 8] if quick else [1, 4, 16]
-    if _gpu(p):
-        batches = [1, 32] if quick else [1, 16, 64]
-    return {"max_model_len": 2048 if not _gpu(p) else p.max_model_len, "max_request_tokens": inp + out,
-            "min_gpu_memory_utilization": p.utilization if _gpu(p) else None, "min_run_s": 0.0,
-            "model": model,
+    batches = ([1, 8] if quick else [1, 4, 16]) if not _gpu(p) else ([1, 32] if quick else [1, 16, 64])
+    max_len = 2048 if not _gpu(p) else min(p.max_model_len, 8192)
+    kv_bytes = 256 * 2**20 if not _gpu(p) else 4 * 2**30
+    per_token = _kv_per_token(p, model)
+    return {"max_model_len": max_len, "max_request_tokens": inp + out,
+            "min_gpu_memory_utilization": p.utilization if _gpu(p) else None, "min_run_s": 0.0, "model": model,
             "values": {"tp_model": model, "tp_sizes": [1, 2], "input_len": inp, "output_len": out, "batches": batches,
-                       "allreduce_sizes": [4096, 65536, 1 << 20], "big_models": ["llama-3.1-70b", "deepseek-v3"],
-                       "links": ["nvlink4", "pcie5", "ib_ndr"]},
-            "checks": [_fits_context(inp + out, 2048 if not _gpu(p) else p.max_model_len, "each request"),
-                       _gpu_fit(p, p.utilization, inp + out, batches[-1])]}
+                       "kv_cache_memory_bytes": kv_bytes, "repeats": 2 if quick else 3,
+                       "allreduce_sizes": [4096, 65536, 1 << 20, 4 << 20],
+                       "big_models": ["llama-3.1-70b", "qwen3-30b-a3b", "deepseek-v3"],
+                       "card": p.hardware if _gpu(p) else "h100", "links": ["nvlink4", "pcie5", "ib_ndr"],
+                       "pp": {"stages": 2, "microbatches": [1, 4, 16]}},
+            "checks": [_fits_context(inp + out, max_len, "each request"),
+                       {"claim": f"the KV pool ({kv_bytes / 2**20:.0f} MiB per rank) holds max_model_len "
+                                 f"({max_len:,}) at TP=1", "ok": kv_bytes >= per_token * max_len},
+                       _gpu_fit(p, p.utilization, max_len)]}
 
 
 @_register("19")
@@ -438,23 +443,29 @@ def _lab22(p: runtime.Profile, quick: bool) -> dict[str, Any]:
 def _lab23(p: runtime.Profile, quick: bool) -> dict[str, Any]:
     model = _fleet_model(p)
     if _gpu(p):
-        load = {"max_num_seqs": 16, "input_len": 1024, "output_len": 128, "calm_rate": 4.0, "overload": 3.0}
+        load = {"max_num_seqs": 16, "input_len": 1024, "output_len": 128}
         slo = {"ttft_p99_ms": 1000.0, "tpot_p99_ms": 60.0}
     else:
-        load = {"max_num_seqs": 4, "input_len": 128, "output_len": 16, "calm_rate": 0.4, "overload": 3.0}
+        load = {"max_num_seqs": 4, "input_len": 128, "output_len": 16}
         slo = {"ttft_p99_ms": 2000.0, "tpot_p99_ms": 250.0}
-    phases = {"calm_s": 20.0 if quick else 60.0, "overload_s": 25.0 if quick else 90.0,
-              "recovery_s": 20.0 if quick else 60.0}
+    phases = {"capacity_s": 10.0 if quick else 20.0, "calm_s": 15.0 if quick else 40.0,
+              "overload_s": 20.0 if quick else 60.0, "recovery_s": 15.0 if quick else 40.0}
     if _gpu(p):
-        phases = {k: 3 * v for k, v in phases.items()}
+        phases = {k: 2 * v for k, v in phases.items()}
+    calm, overload, fixed_replicas = 0.5, 1.6, 2
     return {"max_model_len": min(p.max_model_len, 4096), "max_request_tokens": load["input_len"] + load["output_len"],
             "min_gpu_memory_utilization": round(p.utilization / 2, 3) if _gpu(p) else None,
-            "min_run_s": phases["calm_s"], "model": model,
-            "values": {**load, **phases, **slo, "queue_threshold": 4, "window": "30s",
-                       "burn_windows": [["2m", "30s", 14.4, "page", "10s"], ["5m", "1m", 6.0, "ticket", "30s"]]},
+            "min_run_s": phases["capacity_s"], "model": model,
+            "values": {**load, **phases, **slo, "calm": calm, "overload": overload, "fixed_replicas": fixed_replicas,
+                       "queue_threshold": 4, "window": "30s",
+                       "rate_window": "30s", "slo_window_s": 5.0,
+                       "burn_windows": [["1m", "15s", 14.4, "page", "5s"], ["2m", "30s", 6.0, "ticket", "10s"]],
+                       "alert_for": {"queue_for": "5s", "kv_for": "10s", "preemption_for": "10s", "tpot_for": "15s"}},
             "checks": [_shared_gpu_fit(p, 2, load["input_len"] + load["output_len"], model),
-                       _long_enough(p, phases["calm_s"], load["input_len"], load["output_len"],
-                                    batch=load["max_num_seqs"], what="the calm phase", model=model)]}
+                       _long_enough(p, phases["capacity_s"], load["input_len"], load["output_len"],
+                                    batch=load["max_num_seqs"], what="the capacity run", model=model),
+                       {"claim": f"the overload ({overload} x one replica) exceeds one replica and fits in "
+                                 f"{fixed_replicas}, so the fix can hold it", "ok": 1 < overload < fixed_replicas}]}
 
 
 # ------------------------------------------------------------------------------------------ API

@@ -285,3 +285,13 @@ def test_a_kind_no_schema_knows_is_not_called_valid():
 def test_missing_npm_packages_say_how_to_install_them(tmp_path):
     with pytest.raises(v.ValidatorMissing, match="npm install --no-audit --no-fund --prefix .npm-fleet"):
         v.validate_crds([m.pod_monitor(SPEC)], node_modules=tmp_path)
+
+
+def test_expert_parallel_replica_splits_its_gpus_into_data_parallel_ranks():
+    spec = m.spec_from_profile("h200", name="moe", model="Qwen/Qwen3-30B-A3B", gpus_per_replica=8,
+                                       engine_args={"data_parallel_size": 8, "enable_expert_parallel": True})
+    args = m.deployment(spec)["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--enable-expert-parallel" in args and args[args.index("--data-parallel-size") + 1] == "8"
+    assert "--tensor-parallel-size" not in args and spec.tensor_parallel_size == 1
+    with pytest.raises(ValueError, match="does not divide"):
+        m.spec_from_profile("h200", name="moe", gpus_per_replica=8, engine_args={"data_parallel_size": 3})

@@ -35,16 +35,19 @@ The live fleet runs on this machine with the same pieces a cluster uses::
 - :mod:`~helpers.fleet.routing`: what round-robin and cache-aware routing do to each replica's prefix cache,
   predicted by simulating its blocks.
 - :mod:`~helpers.fleet.autoscaler`: the queue rule and a loop that scales out through the router, timed.
+- :mod:`~helpers.fleet.postmortem`: an overloaded run reconstructed (fluid queue model, alert timeline, SLO by
+  send time) and written up.
 
 Every process is a :class:`helpers.procs.Proc`: stopped on exit, on error, and by a dead kernel's next start.
 """
 
+from . import postmortem
 from .autoscaler import QueueAutoscaler, QueueRule, ScaleOut, decide
 from .prometheus import Prometheus
-from .replicas import replica_env, start_replica, start_replicas, stop_replicas
+from .replicas import parallel_slots, replica_env, start_replica, start_replicas, stop_replicas, tp_env
 from .router import Router
 from .routing import RoutingPrediction, RoutingRun, measure_routing, predict_routing, routing_trace
 
 __all__ = ["Router", "Prometheus", "QueueAutoscaler", "QueueRule", "ScaleOut", "decide", "start_replica", "start_replicas",
-           "stop_replicas", "replica_env", "routing_trace", "predict_routing", "RoutingPrediction", "measure_routing",
+           "stop_replicas", "replica_env", "tp_env", "parallel_slots", "routing_trace", "predict_routing", "RoutingPrediction", "measure_routing",
            "RoutingRun"]

@@ -74,7 +74,8 @@ class FleetSpec:
 
     ``engine_args`` are vLLM engine arguments as for :func:`helpers.server.start` (``{"max_model_len": 8192}``);
     ``max_num_seqs`` and ``--enable-scale-out`` are always added (see the module docstring).
-    ``gpus_per_replica`` > 1 becomes ``--tensor-parallel-size``; 0 runs on CPU. ``cpu`` and ``memory`` are the
+    ``gpus_per_replica`` > 1 becomes ``--tensor-parallel-size`` (divided by ``data_parallel_size`` when
+    ``engine_args`` sets it: expert parallelism with data-parallel attention); 0 runs on CPU. ``cpu`` and ``memory`` are the
     container's requests (memory is also its limit). ``queue_threshold`` is waiting requests per replica that
     scale the fleet out. ``hf_cache_claim`` names a PersistentVolumeClaim holding the Hugging Face cache (else an
     emptyDir of ``hf_cache_size``: every new replica then downloads the weights again, which lengthens scale-out).
@@ -125,8 +126,12 @@ class FleetSpec:
             raise ValueError(f"{self.gpus_per_replica} GPUs per replica do not divide a node's {self.gpus_per_node}: "
                              f"{self.gpus_per_node % self.gpus_per_replica} GPU(s) per node would never be used. "
                              f"Use one of {[d for d in range(1, self.gpus_per_node + 1) if self.gpus_per_node % d == 0]}.")
-        if self.gpus_per_replica > 1:
-            _check_heads_divide(self.model, self.gpus_per_replica)
+        dp = int(normalize(self.engine_args).get("data_parallel_size", 1) or 1)
+        if self.gpus_per_replica and self.gpus_per_replica % dp:
+            raise ValueError(f"data_parallel_size={dp} does not divide the replica's {self.gpus_per_replica} GPUs: "
+                             "GPUs per replica = data-parallel size x tensor-parallel size")
+        if self.tensor_parallel_size > 1:
+            _check_heads_divide(self.model, self.tensor_parallel_size)
         for label, q in (("cpu", self.cpu), ("memory", self.memory), ("shm_size", self.shm_size),
                          ("hf_cache_size", self.hf_cache_size)):
             if not _QUANTITY.match(str(q)):
@@ -146,6 +151,12 @@ class FleetSpec:
     def slo(self) -> SLO:
         """The SLO record the alerts and the dashboard use."""
         return SLO(ttft_p99_ms=self.ttft_p99_ms, tpot_p99_ms=self.tpot_p99_ms, queue_threshold=self.queue_threshold)
+
+    @property
+    def tensor_parallel_size(self) -> int:
+        """GPUs per replica over the data-parallel size (expert parallelism's attention replicas), at least 1."""
+        dp = int(normalize(self.engine_args).get("data_parallel_size", 1) or 1)
+        return max(1, self.gpus_per_replica // dp)
 
     @property
     def secret_name(self) -> str:
@@ -266,8 +277,8 @@ def _meta(spec: FleetSpec, name: str, component: str) -> dict:
 
 def _vllm_args(spec: FleetSpec) -> list[str]:
     args = {"max_num_seqs": spec.max_num_seqs, **normalize(spec.engine_args), "enable_scale_out": True}
-    if spec.gpus_per_replica > 1:
-        args["tensor_parallel_size"] = spec.gpus_per_replica
+    if spec.tensor_parallel_size > 1:
+        args["tensor_parallel_size"] = spec.tensor_parallel_size
     return [spec.model, "--served-model-name", spec.served_model_name, "--host", "0.0.0.0",
             "--port", str(spec.port), *engine_cli(args)]
 

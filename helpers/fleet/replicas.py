@@ -30,7 +30,8 @@ from ..runtime import Machine, Profile, WorkerMemory, detect
 from ..server import Server, TooManyServers
 from ..server import start as start_server
 
-__all__ = ["replica_env", "replica_overrides", "start_replica", "start_replicas", "stop_replicas", "core_blocks"]
+__all__ = ["replica_env", "replica_overrides", "start_replica", "start_replicas", "stop_replicas", "core_blocks",
+           "tp_env", "parallel_slots"]
 
 
 def core_blocks(cpu_count: int, n: int) -> list[str]:
@@ -69,6 +70,32 @@ def replica_env(profile: Profile, index: int, n: int, machine: Machine | None = 
     if gpus >= n:
         return {"CUDA_VISIBLE_DEVICES": str(index)}
     return {"CUDA_VISIBLE_DEVICES": "0"} if gpus else {}
+
+
+def parallel_slots(profile: Profile, machine: Machine | None = None) -> int:
+    """How many ranks one server can split over on this machine: its GPUs, or on CPU its cores (one per rank).
+
+    Introduced in lab 18 (Tensor and Pipeline Parallel).
+    """
+    machine = machine or detect()
+    return max(1, machine.cpu_count if profile.device == "cpu" else len(machine.gpus))
+
+
+def tp_env(profile: Profile, tp: int, machine: Machine | None = None) -> dict[str, str]:
+    """The environment a server with ``tp`` tensor-parallel ranks needs: on CPU one block of cores per rank
+    (``VLLM_CPU_OMP_THREADS_BIND='0|1'``: vLLM's syntax, ranks separated by ``|``); on GPUs nothing (ranks take the
+    first ``tp`` visible cards).
+
+    Introduced in lab 18 (Tensor and Pipeline Parallel).
+    """
+    machine = machine or detect()
+    slots = parallel_slots(profile, machine)
+    if tp > slots:
+        raise ValueError(f"tensor_parallel_size={tp} needs {tp} {'cores' if profile.device == 'cpu' else 'GPUs'}; "
+                         f"this machine has {slots}")
+    if profile.device == "cpu":
+        return {"VLLM_CPU_OMP_THREADS_BIND": "|".join(core_blocks(machine.cpu_count, tp))}
+    return {}
 
 
 def replica_overrides(profile: Profile, n: int, machine: Machine | None = None) -> dict[str, Any]:

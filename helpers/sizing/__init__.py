@@ -17,6 +17,7 @@ from .calibrate import DecodeFit, LinearFit, PrefillFit, fit_decode, fit_line, f
 from .config import CONFIG_DIR, ModelConfig, config_names, dtype_bytes, load_config, normalize_dtype
 from .hardware import (HARDWARE, PRICE_ASSUMPTION, Hardware, compute_flops, hardware, measure, measure_cpu,
                        measure_gpu)
+from .parallel import LINKS, Link, allreduce_time, fit_link, measure_allreduce, pp_bubble, tp_comm_per_step, transfer_time
 from .kv import (
     prefix_hit_rate,
     KV_DTYPES,
@@ -63,6 +64,8 @@ __all__ = [
     "Prediction", "SizingSheet", "predict_sheet", "plan_sheet",
     "PrefillFit", "DecodeFit", "LinearFit", "fit_prefill", "fit_decode", "fit_line", "prefill_flops",
     "summary",
+    "Link", "LINKS", "allreduce_time", "tp_comm_per_step", "pp_bubble", "transfer_time", "measure_allreduce",
+    "fit_link",
 ]
 
 

@@ -191,6 +191,8 @@ def _resolve_path(src: str | os.PathLike) -> Path:
     text = str(src)
     if text == "default":
         return models.default_model(quiet=True) / "config.json"
+    if text.startswith(models.RANDOM_PREFIX):
+        return models.tiny_config_path(text[len(models.RANDOM_PREFIX):])
     p = Path(text).expanduser()
     if p.is_dir():
         if not (p / "config.json").is_file():
@@ -418,7 +420,9 @@ def _load(src: "str | os.PathLike | Mapping[str, Any] | ModelConfig", name: str 
         raise ValueError(f"{path} is not valid JSON: {e}") from e
     if name is None:
         text = str(src)
-        if "/" in text and not Path(text).expanduser().exists():
+        if text.startswith(models.RANDOM_PREFIX):
+            name = text[len(models.RANDOM_PREFIX):]
+        elif "/" in text and not Path(text).expanduser().exists():
             name = text.split("/")[-1].lower()  # a hub id
         elif path.parent.parent.name == "snapshots":  # a hub-cache snapshot: models--org--name/snapshots/<rev>/
             name = path.parent.parent.parent.name.split("--")[-1].lower()

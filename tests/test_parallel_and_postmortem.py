@@ -1,0 +1,121 @@
+"""Lab 18's link arithmetic (checked against a second formula and against this machine's own all-reduce), lab 23's
+postmortem pieces (the fluid queue against its closed form), and the random-weight models labs 18-19 serve."""
+
+import json
+import math
+from types import SimpleNamespace
+
+import pytest
+
+from helpers import bench, models, sizing
+from helpers.fleet import postmortem
+from helpers.sizing import parallel
+
+
+def test_allreduce_time_matches_the_ring_written_out_step_by_step():
+    # A ring all-reduce is n-1 reduce-scatter steps and n-1 all-gather steps, each moving S/n bytes per rank.
+    link = parallel.Link("x", bandwidth=10e9, latency=3e-6)
+    for ranks in (2, 4, 8):
+        size = 64 << 20
+        by_steps = sum(size / ranks / link.bandwidth + link.latency for _ in range(2 * (ranks - 1)))
+        assert parallel.allreduce_time(size, ranks, link) == pytest.approx(by_steps)
+    assert parallel.allreduce_time(size, 1, link) == 0.0
+    with pytest.raises(ValueError):
+        parallel.allreduce_time(-1, 2, link)
+
+
+def test_tp_communication_scales_with_layers_hidden_and_tokens():
+    cfg = sizing.load_config("llama-3.1-8b")
+    nv, pcie = parallel.LINKS["nvlink4"], parallel.LINKS["pcie4"]
+    one = parallel.tp_comm_per_step(cfg, 1, 2, pcie)
+    # 2 all-reduces x 32 layers of 1 x 4096 bf16 activations: latency-bound at one token.
+    assert one == pytest.approx(2 * 32 * parallel.allreduce_time(4096 * 2, 2, pcie))
+    big = parallel.tp_comm_per_step(cfg, 4096, 2, pcie)
+    assert big > 30 * one  # a prefill's all-reduce is bandwidth-bound: ~50x one token's on PCIe 4
+    assert parallel.tp_comm_per_step(cfg, 4096, 2, nv) < big / 10  # NVLink's 14x bandwidth shows
+    assert parallel.tp_comm_per_step(cfg, 4096, 1, pcie) == 0.0
+
+
+def test_pipeline_bubble_and_kv_transfer():
+    assert parallel.pp_bubble(1, 8) == 0.0
+    assert parallel.pp_bubble(4, 1) == pytest.approx(0.75)
+    assert parallel.pp_bubble(4, 13) == pytest.approx(3 / 16)
+    with pytest.raises(ValueError):
+        parallel.pp_bubble(0, 1)
+    cfg = sizing.load_config("llama-3.1-8b")
+    link = parallel.LINKS["ib_ndr"]
+    kv = sizing.kv_bytes_for_context(cfg, 8192)
+    assert kv == 8192 * 2 * 32 * 8 * 128 * 2  # K and V, 32 layers, 8 KV heads of 128, bf16
+    assert parallel.transfer_time(cfg, 8192, link) == pytest.approx(kv / link.bandwidth + link.latency)
+    assert parallel.transfer_time(cfg, 8192, link, "fp8") < parallel.transfer_time(cfg, 8192, link)
+
+
+def test_fit_link_recovers_a_known_link_and_refuses_one_point():
+    truth = parallel.Link("t", bandwidth=2e9, latency=4e-4)
+    rows = [{"bytes": b, "seconds": parallel.allreduce_time(b, 2, truth)} for b in (4096, 1 << 16, 1 << 20, 4 << 20)]
+    fit = parallel.fit_link(rows, ranks=2)
+    assert fit.bandwidth == pytest.approx(2e9, rel=1e-6) and fit.latency == pytest.approx(4e-4, rel=1e-6)
+    assert fit.measured
+    with pytest.raises(ValueError, match="two sizes"):
+        parallel.fit_link(rows[:1])
+
+
+def test_measured_allreduce_grows_with_size_and_fits_its_own_rows():
+    rows = parallel.measure_allreduce(sizes=(4096, 1 << 20, 4 << 20), ranks=2, reps=5)
+    assert [r["bytes"] for r in rows] == [4096, 1 << 20, 4 << 20]
+    assert rows[-1]["seconds"] > rows[0]["seconds"] > 0
+    fit = parallel.fit_link(rows)
+    for r in rows[1:]:  # the fitted line goes through the bandwidth-bound points it came from
+        assert parallel.allreduce_time(r["bytes"], 2, fit) == pytest.approx(r["seconds"], rel=0.5)
+
+
+def test_fluid_queue_matches_the_closed_form_of_an_overload_step():
+    steps = bench.Steps(phases=((10, 1.0), (20, 3.0), (30, 1.0)))
+    q = postmortem.fluid_queue(steps, capacity_rps=2.0, step_s=0.5)
+    peak = q["backlog"].max()
+    assert peak == pytest.approx((3.0 - 2.0) * 20, abs=1e-6)           # grows at lambda - mu for the 20 s overload
+    at_peak = q.loc[q["backlog"].idxmax(), "t_s"]
+    assert at_peak == pytest.approx(30.0, abs=0.5)
+    drained = q[(q["t_s"] > 30) & (q["backlog"] == 0)]["t_s"].min()
+    assert drained == pytest.approx(30 + peak / (2.0 - 1.0), abs=0.5)  # drains at mu - lambda
+    assert q["wait_s"].max() == pytest.approx(peak / 2.0)
+    assert postmortem.fluid_queue(steps, capacity_rps=2.0, replicas=2)["backlog"].max() == 0.0
+    with pytest.raises(ValueError):
+        postmortem.fluid_queue(steps, capacity_rps=0)
+
+
+def _record(sent, ttft_ms, ok=True):
+    return SimpleNamespace(ok=ok, ttft_ms=ttft_ms, timings=SimpleNamespace(t_scheduled=100.0 + sent))
+
+
+def test_slo_windows_and_first_breach_count_failures_as_misses():
+    recs = [_record(0, 100), _record(1, 200), _record(6, 3000), _record(7, None, ok=False), _record(12, 150)]
+    w = postmortem.slo_windows(recs, target_ms=1000, width_s=5)
+    assert w["window_s"].tolist() == [0.0, 5.0, 10.0]
+    assert w["requests"].tolist() == [2, 2, 1]
+    assert w["attainment"].tolist() == [1.0, 0.0, 1.0]
+    assert w["ttft_p99_ms"].iloc[1] == pytest.approx(3000)
+    assert postmortem.first_breach(recs, 1000) == 6
+    assert postmortem.first_breach(recs[:2], 1000) is None
+    assert postmortem.slo_windows([], 1000).empty
+
+
+def test_timeline_detection_delay():
+    t = postmortem.Timeline(overload_start_s=30, overload_end_s=60, capacity_rps=1, offered_peak_rps=2,
+                            first_breach_s=35.0, alerts={"Q": {"pending_s": 31.0, "firing_s": 33.0},
+                                                          "B": {"pending_s": 40.0, "firing_s": None}})
+    assert t.detection_delay_s("Q") == pytest.approx(-2.0)  # fired before users felt it
+    assert t.detection_delay_s("B") is None and t.fired("nope") is None
+
+
+def test_random_models_resolve_to_a_built_checkpoint_and_size_from_their_config():
+    path = models.resolve("random:tiny-moe")
+    cfg = json.loads((models.Path(path) / "config.json").read_text())
+    spec = json.loads(models.tiny_config_path("tiny-moe").read_text())
+    assert cfg["num_experts_per_tok"] == spec["num_experts_per_tok"] and cfg["hidden_size"] == spec["hidden_size"]
+    assert models.resolve("random:tiny-moe") == path  # cached by content
+    sized = sizing.load_config("random:tiny-moe")
+    assert sized.layers == spec["num_hidden_layers"] and sized.n_routed_experts == spec["num_experts"]
+    assert sized.experts_per_token == 2
+    with pytest.raises(FileNotFoundError, match="data/tiny holds"):
+        models.tiny_config_path("no-such-model")
