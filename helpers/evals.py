@@ -128,13 +128,25 @@ def _check_tasks(tasks: Iterable[str]) -> list[Path]:
     return files
 
 
+#: lm-eval's own CLI, told to index only the tasks passed with --include_path: by default it first indexes its ~10,000
+#: built-in task files (measured here: 20-38 s before the first request), which these tasks never use.
+_LM_EVAL = ("import lm_eval.tasks.manager as m\n"
+            "init = m.TaskManager.__init__\n"
+            "def own_tasks_only(self, *a, **k):\n"
+            "    k['include_defaults'] = False\n"
+            "    init(self, *a, **k)\n"
+            "m.TaskManager.__init__ = own_tasks_only\n"
+            "from lm_eval.__main__ import cli_evaluate\n"
+            "cli_evaluate()\n")
+
+
 def accuracy(server: Any, tasks: Sequence[str] = TASKS, limit: int | None = None, batch_size: int = 16,
-             out_dir: str | os.PathLike | None = None, timeout_s: float = 1800.0) -> Accuracy:
+             out_dir: str | os.PathLike | None = None, timeout_s: float = 1800.0, concurrency: int = 4) -> Accuracy:
     """Task accuracy through lm-eval (``local-completions``) against ``server`` (a :class:`helpers.server.Server`).
 
     ``limit`` takes the first N questions of each task (CI-sized runs). lm-eval runs as a subprocess registered with
-    :mod:`helpers.procs` (stopped with its tree if a cell fails); its per-question records give each task's
-    accuracy with a bootstrap interval.
+    :mod:`helpers.procs` (stopped with its tree if a cell fails), with ``concurrency`` requests in flight and only
+    this project's tasks indexed; its per-question records give each task's accuracy with a bootstrap interval.
 
     Introduced in lab 15 (Proving Quantization Safe).
     """
@@ -146,8 +158,8 @@ def accuracy(server: Any, tasks: Sequence[str] = TASKS, limit: int | None = None
         (include / f"labs_{t}.yaml").write_text(_task_yaml(t, f))
     tokenizer = models.local_path(server.model_path) or server.model_path
     args = ",".join([f"model={server.model}", f"base_url={server.base_url}/completions", f"tokenizer={tokenizer}",
-                     "num_concurrent=1", "tokenized_requests=False", "max_retries=2"])
-    cmd = [sys.executable, "-m", "lm_eval", "--model", "local-completions", "--model_args", args,
+                     f"num_concurrent={int(concurrency)}", "tokenized_requests=False", "max_retries=2"])
+    cmd = [sys.executable, "-c", _LM_EVAL, "--model", "local-completions", "--model_args", args,
            "--include_path", str(include), "--tasks", ",".join(f"labs_{t}" for t in tasks),
            "--batch_size", str(batch_size), "--output_path", str(work / "out"), "--log_samples"]
     if limit:
@@ -192,16 +204,21 @@ def _texts(texts: Sequence[str] | None) -> list[str]:
     return [json.loads(line)["text"] for line in f.read_text().splitlines() if line.strip()]
 
 
-def prompt_logprobs(server: Any, texts: Sequence[str] | None = None, top_k: int = 20) -> list[list[dict[int, float]]]:
+def prompt_logprobs(server: Any, texts: Sequence[str] | None = None, top_k: int = 20,
+                    concurrency: int = 8) -> list[list[dict[int, float]]]:
     """For each text, the top-``top_k`` next-token log-probabilities at every position (vLLM's ``prompt_logprobs``),
-    plus the logprob of the token that actually follows, as ``{token_id: logprob}`` per position.
+    plus the logprob of the token that actually follows, as ``{token_id: logprob}`` per position. Texts are sent
+    ``concurrency`` at a time (vLLM batches them; one at a time took 37 s for the 40 drift texts here, most of it
+    waiting).
 
     Introduced in lab 15 (Proving Quantization Safe).
     """
-    out = []
+    from concurrent.futures import ThreadPoolExecutor
+
     headers = {"Authorization": f"Bearer {server.api_key}"} if getattr(server, "api_key", None) else {}
-    with httpx.Client(timeout=600.0, headers=headers) as client:
-        for text in _texts(texts):
+    with httpx.Client(timeout=600.0, headers=headers,
+                      limits=httpx.Limits(max_connections=max(1, concurrency))) as client:
+        def one(text: str) -> list[dict[int, float]]:
             r = client.post(f"{server.base_url}/completions", json={
                 "model": server.model, "prompt": text, "max_tokens": 1, "temperature": 0,
                 "prompt_logprobs": top_k})
@@ -209,8 +226,10 @@ def prompt_logprobs(server: Any, texts: Sequence[str] | None = None, top_k: int 
                 raise RuntimeError(f"{server.base_url}/completions refused prompt_logprobs={top_k} (HTTP {r.status_code}):"
                                    f" {r.text[:300]}. vLLM caps it at --max-logprobs (default 20).")
             positions = r.json()["choices"][0].get("prompt_logprobs") or []
-            out.append([{int(k): float(v["logprob"]) for k, v in pos.items()} for pos in positions if pos])
-    return out
+            return [{int(k): float(v["logprob"]) for k, v in pos.items()} for pos in positions if pos]
+
+        with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
+            return list(pool.map(one, _texts(texts)))
 
 
 @dataclass
@@ -375,6 +394,9 @@ class Quality:
     long_context: LongContext
     drift: Drift | None = None
     logprobs: list[list[dict[int, float]]] = field(default_factory=list, repr=False)
+    settings: dict[str, Any] = field(default_factory=dict)
+    measured_at: str = ""
+    seconds: float = 0.0
 
     def summary(self) -> dict[str, Any]:
         out = {"name": self.name, "task_accuracy": self.accuracy.mean, "task_accuracy_ci": self.accuracy.mean_ci,
@@ -383,6 +405,43 @@ class Quality:
         if self.drift:
             out.update(kl=self.drift.kl_mean, kl_ci=self.drift.kl_ci, top1_agreement=self.drift.top1)
         return out
+
+    def to_dict(self) -> dict[str, Any]:
+        """Everything, as JSON-able data (each position's logprobs as ``[[token_id, logprob], ...]``)."""
+        d = asdict(self)
+        d["long_context"] = {str(k): asdict(v) for k, v in self.long_context.lengths.items()}
+        d["logprobs"] = [[[[t, lp] for t, lp in pos.items()] for pos in text] for text in self.logprobs]
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Quality":
+        """The inverse of :meth:`to_dict` (intervals come back as tuples, lengths and token ids as ints)."""
+        ci = lambda v: tuple(v) if v is not None else None  # noqa: E731
+        acc = d["accuracy"]
+        tasks = {t: TaskScore(v["task"], dict(v["correct"]), v["accuracy"], ci(v["ci"])) for t, v in acc["tasks"].items()}
+        lc = LongContext({int(k): LengthScore(int(v["tokens"]), v["questions"], list(v["correct"]), v["accuracy"],
+                                              ci(v["ci"])) for k, v in d["long_context"].items()})
+        dr = d.get("drift")
+        drift_ = None if dr is None else Drift(**{**dr, "kl_ci": ci(dr["kl_ci"]), "top1_ci": ci(dr["top1_ci"])})
+        return cls(name=d["name"], accuracy=Accuracy(tasks, acc["mean"], ci(acc["mean_ci"]), acc["seconds"],
+                                                      acc["out_dir"]),
+                   long_context=lc, drift=drift_,
+                   logprobs=[[{int(t): float(lp) for t, lp in pos} for pos in text] for text in d.get("logprobs", [])],
+                   settings=dict(d.get("settings") or {}), measured_at=d.get("measured_at", ""),
+                   seconds=float(d.get("seconds", 0.0)))
+
+    def save(self, path: str | os.PathLike) -> Path:
+        """Write :meth:`to_dict` as JSON (atomically: a reader never sees half a file)."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(self.to_dict()))
+        tmp.replace(path)
+        return path
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "Quality":
+        return cls.from_dict(json.loads(Path(path).read_text()))
 
 
 def quality(server: Any, name: str, baseline: Quality | None = None, *, tasks: Sequence[str] = TASKS,
@@ -393,11 +452,15 @@ def quality(server: Any, name: str, baseline: Quality | None = None, *, tasks: S
 
     Introduced in lab 15 (Proving Quantization Safe).
     """
+    t0 = time.monotonic()
     lp = prompt_logprobs(server, texts, top_k=top_k)
     acc = accuracy(server, tasks, limit=limit)
     lc = long_context(server, lengths, haystacks=haystacks)
     d = drift(baseline.logprobs, lp) if baseline is not None else None
-    return Quality(name=name, accuracy=acc, long_context=lc, drift=d, logprobs=lp)
+    settings_ = {"tasks": list(tasks), "limit": limit, "lengths": list(lengths), "haystacks": haystacks,
+                 "top_k": top_k, "texts": None if texts is None else len(texts)}
+    return Quality(name=name, accuracy=acc, long_context=lc, drift=d, logprobs=lp, settings=settings_,
+                   measured_at=time.strftime("%Y-%m-%d %H:%M:%S"), seconds=round(time.monotonic() - t0, 2))
 
 
 @dataclass

@@ -90,3 +90,18 @@ def test_real_server_quality_and_drift_against_itself():
     assert set(q.accuracy.tasks) == {"capitals", "opposites"} and q.accuracy.tasks["capitals"].correct
     assert again.kl_mean < 1e-3 and again.top1 > 0.99 and again.positions > 300
     assert set(q.long_context.lengths) == {256} and q.long_context.lengths[256].questions == 4
+
+
+def test_a_quality_report_round_trips_through_json(tmp_path):
+    """Lab 15 measures each configuration once and lab 17 reads the saved reports: nothing may change on the way."""
+    base = [[{1: -0.1, 2: -2.5}, {3: -0.2, 1: -3.0}], [{5: -0.05}]]
+    cand = [[{1: -0.3, 2: -1.5}, {3: -0.2, 1: -3.0}], [{6: -0.5, 5: -1.0}]]
+    task = evals.TaskScore("capitals", {"capitals-000": 1.0, "capitals-001": 0.0}, 0.5, (0.0, 1.0))
+    acc = evals.Accuracy({"capitals": task}, 0.5, (0.0, 1.0), 12.5, "/tmp/x")
+    lc = evals.LongContext({512: evals.LengthScore(512, 2, [True, False], 0.5, (0.0, 1.0))})
+    q = evals.Quality(name="int8", accuracy=acc, long_context=lc, drift=evals.drift(base, cand), logprobs=cand,
+                      settings={"limit": 10}, measured_at="2026-12-01 05:00:00", seconds=3.5)
+    back = evals.Quality.load(q.save(tmp_path / "q" / "int8.json"))
+    assert back == q
+    assert back.drift.top1 == pytest.approx(2 / 3) and back.drift.kl_mean > 0  # 5 vs 6 first at the last position
+    assert not list((tmp_path / "q").glob("*.tmp"))  # written atomically

@@ -14,12 +14,15 @@
 - :mod:`~helpers.quant.env`: where the llm-compressor environment is (``.venv-quant``, ``LABS_QUANT_PYTHON``);
 - :mod:`~helpers.quant.cache`: content-hashed, atomically built, locked checkpoint folders;
 - :mod:`~helpers.quant.build`: llm-compressor run as a subprocess (``_worker.py``) in that environment;
-- :mod:`~helpers.quant.fake`: bf16 checkpoints with fake-quantized Linear weights.
+- :mod:`~helpers.quant.fake`: bf16 checkpoints with fake-quantized Linear weights;
+- :mod:`~helpers.quant.dequant`: a compressed checkpoint's codes x scales as plain weights, served where its format
+  cannot be (:func:`servable`).
 """
 
 from .build import DEFAULT_SAMPLES, DEFAULT_SEQ_LEN, QuantBuildError, build, default_calibration, model_dir
 from .cache import Checkpoint
 from .env import QuantEnvMissing, llmcompressor_version, quant_python, quant_torch_version
+from .dequant import dequantize_module, dequantized_checkpoint, servable
 from .fake import FAKE_DEFAULTS, fake_quantized_checkpoint
 from .formats import (FORMATS, ErrorStats, FloatSpec, Quantized, error_stats, fake_quantize, float_spec, grid,
                       nvfp4_global_scale, quantize, round_to_grid)
@@ -35,5 +38,6 @@ __all__ = [
     "UnservableError", "check_group_size", "check_servable", "checkpoint_format", "linear_shapes",
     "quant_python", "llmcompressor_version", "quant_torch_version", "QuantEnvMissing",
     "Checkpoint", "build", "QuantBuildError", "default_calibration", "model_dir", "DEFAULT_SAMPLES",
-    "DEFAULT_SEQ_LEN", "fake_quantized_checkpoint", "FAKE_DEFAULTS",
+    "DEFAULT_SEQ_LEN", "fake_quantized_checkpoint", "FAKE_DEFAULTS", "dequantize_module", "dequantized_checkpoint",
+    "servable",
 ]
