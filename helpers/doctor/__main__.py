@@ -1,0 +1,37 @@
+"""``python -m helpers.doctor --base-url URL [--run DIR] [--window S] [--json]``: the checklist from a shell.
+
+Exit status: 0 with no finding, 1 with findings, 2 on bad arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from ..bench.stats import SLO
+from . import diagnose
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m helpers.doctor",
+                                 description="Diagnose a vLLM deployment with the expert's checklist.")
+    ap.add_argument("--base-url", help="the server (http://host:port, with or without /v1)")
+    ap.add_argument("--run", help="a benchmark run folder (helpers.bench's requests.jsonl + summary.json)")
+    ap.add_argument("--window", type=float, default=0.0,
+                    help="seconds of live traffic to watch (default: the run's own window, else since start-up)")
+    ap.add_argument("--slo-ttft-ms", type=float, help="p99 TTFT target (default: the run's SLO)")
+    ap.add_argument("--slo-tpot-ms", type=float, help="p99 TPOT target (default: the run's SLO)")
+    ap.add_argument("--log", help="the server's log, when the process registry does not know it")
+    ap.add_argument("--api-key", help="the server's API key, if /metrics needs one")
+    ap.add_argument("--json", action="store_true", help="print the findings as a JSON list")
+    a = ap.parse_args(argv)
+    if not a.base_url and not a.run:
+        ap.error("give --base-url, --run, or both")
+    slo = SLO(ttft_ms=a.slo_ttft_ms, tpot_ms=a.slo_tpot_ms) if (a.slo_ttft_ms or a.slo_tpot_ms) else None
+    d = diagnose(a.base_url, run=a.run, window_s=a.window, slo=slo, log=a.log, api_key=a.api_key)
+    print(d.to_json() if a.json else d)
+    return 1 if d.findings else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
