@@ -21,7 +21,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Mapping
 
-__all__ = ["Price", "PRICES", "price", "CostRow", "cost_per_million", "cost_at_slo", "compare"]
+__all__ = ["Price", "PRICES", "price", "CostRow", "cost_per_million", "cost_at_slo", "compare", "RooflineRate",
+           "roofline_rate_at_tpot"]
 
 
 @dataclass(frozen=True)
@@ -133,6 +134,73 @@ def compare(rows: list[CostRow], baseline: str | None = None) -> list[dict]:
         return []
     base = next((r for r in rows if r.name == baseline), rows[0])
     return [{**r.as_dict(), "vs baseline": r.per_million_output / base.per_million_output} for r in rows]
+
+
+@dataclass(frozen=True)
+class RooflineRate:
+    """A *predicted* decode rate at a TPOT target: the largest batch whose roofline step time meets the target and
+    whose KV cache fits beside the weights, and the output tokens per second that batch makes.
+
+    Introduced in lab 17 (Cost per Million Tokens).
+    """
+
+    device: str
+    weight_dtype: str
+    batch: int
+    step_ms: float
+    output_tokens_per_s: float
+    bound: str
+    limited_by: str
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def roofline_rate_at_tpot(model: str, device: str, tpot_ms: float, context: int, *, weight_dtype: str = "auto",
+                          efficiency: float = 0.5, memory_share: float = 0.9, max_batch: int = 4096) -> RooflineRate:
+    """The output tokens per second ``device`` (a ``helpers.sizing.HARDWARE`` key) is *predicted* to make with
+    ``model`` while every step stays within ``tpot_ms``: decode steps of a batch each holding ``context`` tokens,
+    from the roofline at ``efficiency`` of the peak; the batch doubles until the step misses the target or the KV
+    cache no longer fits in ``memory_share`` of the card beside the weights. A prediction for devices this machine
+    is not — label it so next to measured rows.
+
+    Introduced in lab 17 (Cost per Million Tokens).
+    """
+    from . import sizing
+
+    cfg = sizing.load_config(model)
+    hw = sizing.HARDWARE[device]
+    budget = memory_share * hw.memory_gib * 2**30 - sizing.weight_bytes(cfg, weight_dtype, strict=False).total
+    per_seq = sizing.kv_bytes_for_context(cfg, context)
+    best, why, b = None, "the TPOT target at batch 1", 1
+    while b <= max_batch:
+        st = sizing.decode_step_time(cfg, hw, b, context, weight_dtype=weight_dtype, efficiency=efficiency)
+        if st.time * 1e3 > tpot_ms:
+            why = f"the TPOT target (batch {b} steps in {st.time * 1e3:.1f} ms)"
+            break
+        if b * per_seq > budget:
+            why = f"memory (batch {b} needs {b * per_seq / 2**30:.1f} GiB of KV cache)"
+            break
+        best, b = (b, st), b * 2
+    else:
+        why = f"the batch cap {max_batch}"
+    if best is None:
+        raise ValueError(f"{model} on {device} misses a TPOT of {tpot_ms} ms even at batch 1 (limited by {why})")
+    lo, hi = best[0], min(b, max_batch + 1)  # lo fits, hi does not: bisect to the largest batch that fits
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        st = sizing.decode_step_time(cfg, hw, mid, context, weight_dtype=weight_dtype, efficiency=efficiency)
+        if st.time * 1e3 <= tpot_ms and mid * per_seq <= budget:
+            lo, best = mid, (mid, st)
+        else:
+            hi = mid
+    batch, st = best
+    if hi <= max_batch:
+        nxt = sizing.decode_step_time(cfg, hw, hi, context, weight_dtype=weight_dtype, efficiency=efficiency)
+        why = (f"the TPOT target (batch {hi} steps in {nxt.time * 1e3:.1f} ms)" if nxt.time * 1e3 > tpot_ms else
+               f"memory (batch {hi} needs {hi * per_seq / 2**30:.1f} GiB of KV cache)")
+    return RooflineRate(device=device, weight_dtype=weight_dtype, batch=batch, step_ms=st.time * 1e3,
+                        output_tokens_per_s=batch / st.time, bound=st.bound, limited_by=why)
 
 
 def hardware_prices() -> Mapping[str, float]:

@@ -306,6 +306,95 @@ def _lab11(p: runtime.Profile, quick: bool) -> dict[str, Any]:
                        _long_enough(p, probe_s, inp, out, batch=16, what="each probe of the search")]}
 
 
+# ------------------------------------------------------------------------------------ phase 3 (labs 15-17)
+def _quant_candidates(p: runtime.Profile, quick: bool) -> dict[str, dict[str, Any]]:
+    """Configurations of labs 12-14 that lab 15 gates and lab 17 prices: ``recipe`` (a ``helpers.quant`` recipe,
+    served through ``quant.servable``), ``fake`` (a fake-quantized bf16 checkpoint), or ``engine`` (engine arguments
+    on the profile's own checkpoint). FP8 compute needs FP8 tensor cores; NVFP4/MXFP4 needs FP4 ones (Blackwell)."""
+    hw = _hw(p)
+    out: dict[str, dict[str, Any]] = {}
+    if _gpu(p) and hw.fp8_flops:
+        out["FP8 dynamic (W8A8)"] = {"recipe": "fp8-dynamic"}
+    else:
+        out["INT8 W8A8 (round to nearest)"] = {"recipe": "w8a8-rtn"}
+    # The worked example: 4-bit MXFP4 weights (32-element blocks, power-of-two scales) — the task average barely
+    # moves on a CI-sized task set; drift reads thousands of positions.
+    out["MXFP4 weights (fake-quantized)"] = {"fake": "mxfp4"}
+    if not quick:
+        out["INT4 weights, group 64 (fake-quantized)"] = {"fake": "int4", "granularity": "group", "group_size": 64}
+        out["W4A16 GPTQ, group 64"] = {"recipe": "w4a16-gptq-g64"}
+        out["FP8 KV cache"] = {"engine": {"kv_cache_dtype": "fp8"}}
+        if _gpu(p) and hw.fp4_flops:
+            out["NVFP4 (W4A4)"] = {"recipe": "nvfp4"}
+    return out
+
+
+def _spec_configs(p: runtime.Profile, k: int) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
+    """Speculative configurations a profile serves, and those it cannot (with why)."""
+    served = {f"n-gram, k={k}": {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": 4,
+                                  "prompt_lookup_min": 2}}
+    not_served = {"MTP (multi-token prediction heads)":
+                  f"{p.model} was not trained with MTP layers; MTP needs a model that ships them (DeepSeek-V3/R1, "
+                  "GLM-4.5, Qwen3-Next, MiMo): {'method': 'mtp', 'num_speculative_tokens': 1}"}
+    if _gpu(p) and "llama-3.1-8b" in p.model.lower():
+        served["EAGLE-3, k=3"] = {"method": "eagle3", "model": "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B",
+                                  "num_speculative_tokens": 3}
+    else:
+        not_served["EAGLE-3"] = (f"no EAGLE-3 draft head is published for {p.model}, and on a CPU a draft "
+                                 "model's forward passes cost as much as the target's")
+    return served, not_served
+
+
+@_register("15")
+def _lab15(p: runtime.Profile, quick: bool) -> dict[str, Any]:
+    if _gpu(p):
+        top = min(p.max_model_len, 131072) - 256
+        lengths = [2048, min(8192, top)] if quick else [4096, min(16384, top), top]
+    else:
+        lengths = [512, 2048] if quick else [512, 2048, 4096]
+    return {"max_model_len": p.max_model_len, "max_request_tokens": lengths[-1] + 64,
+            "min_gpu_memory_utilization": p.utilization if _gpu(p) else None, "min_run_s": 0.0,
+            "values": {"candidates": _quant_candidates(p, quick), "limit": 8 if quick else None,
+                       "lengths": lengths, "haystacks": 1 if quick else 2, "drift_texts": 16 if quick else None,
+                       "gate": {"max_task_drop": 0.05, "max_kl": 0.05, "min_top1": 0.90, "max_long_drop": 0.25}},
+            "checks": [_fits_context(lengths[-1] + 64, p.max_model_len, "the longest haystack and its question"),
+                       _gpu_fit(p, p.utilization, lengths[-1] + 64)]}
+
+
+@_register("16")
+def _lab16(p: runtime.Profile, quick: bool) -> dict[str, Any]:
+    k = 3
+    served, not_served = _spec_configs(p, k)
+    out = 64 if quick else 128
+    conc = ([1, 32] if quick else [1, 8, 32, 64]) if _gpu(p) else ([1, 8] if quick else [1, 4, 16])
+    return {"max_model_len": p.max_model_len, "max_request_tokens": 256 + out,
+            "min_gpu_memory_utilization": p.utilization if _gpu(p) else None, "min_run_s": 0.0,
+            "values": {"k": k, "speculative": served, "not_served": not_served, "output_len": out,
+                       "requests_at_1": 3 if quick else 8, "concurrency": conc},
+            "checks": [_fits_context(256 + out, p.max_model_len, "a prompt and its answer"),
+                       _gpu_fit(p, p.utilization, 256 + out, conc[-1])]}
+
+
+@_register("17")
+def _lab17(p: runtime.Profile, quick: bool) -> dict[str, Any]:
+    k = 3
+    served, _ = _spec_configs(p, k)
+    quant = next(iter(_quant_candidates(p, True).items()))  # the first candidate: the format this device runs fast
+    out, probe_s = (32, 12.0) if quick else (64, 30.0)
+    slo = {"ttft_ms": 2000, "tpot_ms": 150} if not _gpu(p) else {"ttft_ms": 500, "tpot_ms": 40}
+    return {"max_model_len": p.max_model_len, "max_request_tokens": 256 + out,
+            "min_gpu_memory_utilization": p.utilization if _gpu(p) else None, "min_run_s": probe_s,
+            "values": {"output_len": out, "probe_s": probe_s, "search_runs": 3 if quick else 6, "slo": slo,
+                       "attainment": 0.9, "start_rate": 0.5 if not _gpu(p) else 8.0,
+                       "quantized": {"name": quant[0], **quant[1]},
+                       "speculative": {"name": next(iter(served)), **next(iter(served.values()))},
+                       "device": p.hardware, "compare_devices": ["h200", "b200"],
+                       "compare_model": "llama-3.1-8b", "compare_context": 2048},
+            "checks": [_fits_context(256 + out, p.max_model_len, "a prompt and its answer"),
+                       _gpu_fit(p, p.utilization, 256 + out, 64),
+                       _long_enough(p, probe_s, 256, out, batch=8, what="each probe of the search")]}
+
+
 # ------------------------------------------------------------------------------------ phase 4
 #: A small model this project writes with random weights (``helpers.models.random_checkpoint``) for what the
 #: profile's own model cannot show on a CPU: an even number of heads for TP=2, experts for expert parallelism.

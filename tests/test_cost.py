@@ -37,3 +37,25 @@ def test_every_catalog_device_has_a_dated_sourced_price():
     for p in cost.PRICES.values():
         assert p.usd_per_hour > 0 and p.source and p.as_of
     assert cost.price("h200").with_price(2.0).usd_per_hour == 2.0
+
+
+def test_roofline_rate_is_the_largest_batch_that_meets_the_target():
+    r = cost.roofline_rate_at_tpot("llama-3.1-8b", "h200", tpot_ms=40.0, context=2048)
+    cfg, hw = sizing.load_config("llama-3.1-8b"), sizing.HARDWARE["h200"]
+    step = lambda b: sizing.decode_step_time(cfg, hw, b, 2048, efficiency=0.5).time * 1e3  # noqa: E731
+    assert step(r.batch) <= 40.0 < step(r.batch + 1)        # the boundary, found by a second search
+    assert r.output_tokens_per_s == pytest.approx(r.batch / (step(r.batch) / 1e3))
+    assert "TPOT" in r.limited_by
+    # A card with more bandwidth holds a larger batch within the same target; fp8 weights read fewer bytes.
+    assert cost.roofline_rate_at_tpot("llama-3.1-8b", "b200", 40.0, 2048).output_tokens_per_s > r.output_tokens_per_s
+    assert cost.roofline_rate_at_tpot("llama-3.1-8b", "h200", 40.0, 2048, weight_dtype="fp8").batch > r.batch
+
+
+def test_roofline_rate_stops_at_memory_and_refuses_an_impossible_target():
+    long = cost.roofline_rate_at_tpot("llama-3.1-8b", "h200", tpot_ms=1000.0, context=131072)
+    cfg = sizing.load_config("llama-3.1-8b")
+    kv = sizing.kv_bytes_for_context(cfg, 131072)
+    budget = 0.9 * sizing.HARDWARE["h200"].memory_gib * 2**30 - sizing.weight_bytes(cfg, strict=False).total
+    assert long.batch * kv <= budget < (long.batch + 1) * kv and "memory" in long.limited_by
+    with pytest.raises(ValueError, match="even at batch 1"):
+        cost.roofline_rate_at_tpot("llama-3.1-8b", "l4", tpot_ms=5.0, context=2048)
