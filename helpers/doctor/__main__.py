@@ -1,11 +1,17 @@
 """``python -m helpers.doctor --base-url URL [--run DIR] [--window S] [--json]``: the checklist from a shell.
 
+A server that needs an API key for ``/metrics`` gets it from an environment variable (``VLLM_API_KEY``, or the one
+``--api-key-env`` names), never from the command line, where ``ps`` and shell history would show it.
+
 Exit status: 0 with no finding, 1 with findings, 2 on bad arguments.
+
+Introduced in lab 24 (Putting It All Together).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from ..bench.stats import SLO
@@ -14,7 +20,8 @@ from . import diagnose
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m helpers.doctor",
-                                 description="Diagnose a vLLM deployment with the expert's checklist.")
+                                 description="Diagnose a vLLM deployment with the expert's checklist.",
+                                 allow_abbrev=False)  # else "--api-key SECRET" would pass as --api-key-env
     ap.add_argument("--base-url", help="the server (http://host:port, with or without /v1)")
     ap.add_argument("--run", help="a benchmark run folder (helpers.bench's requests.jsonl + summary.json)")
     ap.add_argument("--window", type=float, default=0.0,
@@ -22,13 +29,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--slo-ttft-ms", type=float, help="p99 TTFT target (default: the run's SLO)")
     ap.add_argument("--slo-tpot-ms", type=float, help="p99 TPOT target (default: the run's SLO)")
     ap.add_argument("--log", help="the server's log, when the process registry does not know it")
-    ap.add_argument("--api-key", help="the server's API key, if /metrics needs one")
+    ap.add_argument("--api-key-env", default="VLLM_API_KEY", metavar="VAR",
+                    help="the environment variable holding the server's API key, if /metrics needs one "
+                         "(default VLLM_API_KEY; the key itself never goes on the command line)")
     ap.add_argument("--json", action="store_true", help="print the findings as a JSON list")
     a = ap.parse_args(argv)
     if not a.base_url and not a.run:
         ap.error("give --base-url, --run, or both")
     slo = SLO(ttft_ms=a.slo_ttft_ms, tpot_ms=a.slo_tpot_ms) if (a.slo_ttft_ms or a.slo_tpot_ms) else None
-    d = diagnose(a.base_url, run=a.run, window_s=a.window, slo=slo, log=a.log, api_key=a.api_key)
+    d = diagnose(a.base_url, run=a.run, window_s=a.window, slo=slo, log=a.log,
+                 api_key=os.environ.get(a.api_key_env) or None)
     print(d.to_json() if a.json else d)
     return 1 if d.findings else 0
 

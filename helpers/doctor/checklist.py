@@ -375,9 +375,14 @@ def check_kv(ev: Evidence) -> Finding | str:
                    "of being preempted and recomputed)")
     fix += ["lower --max-model-len if no request needs it (more requests of the real length fit)",
             "more GPUs per replica (--tensor-parallel-size splits the KV heads, lab 18)"]
-    return Finding("memory.kv", "throughput is low: the KV cache is the limit",
-                   f"the KV cache is full ({kv:.0%} used) and vLLM preempts running requests ({pre:g} preemptions), "
-                   "recomputing them later" if kv is not None else f"{pre:g} preemptions", evidence, fix, _lab("06"))
+    if pre > 0:
+        cause = (f"the KV cache ran out: vLLM preempted running requests {pre:g} times, recomputing them later "
+                 f"(usage peaked at {kv:.0%} where it was sampled)" if kv is not None else
+                 f"the KV cache ran out: vLLM preempted running requests {pre:g} times")
+    else:
+        cause = (f"the KV cache is full ({kv:.0%} used) with {waiting:g} requests waiting for blocks: the cache, not "
+                 "the batch limit, decides how many run")
+    return Finding("memory.kv", "throughput is low: the KV cache is the limit", cause, evidence, fix, _lab("06"))
 
 
 # ------------------------------------------------------------------------------- quality, start
