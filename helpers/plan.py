@@ -557,6 +557,46 @@ def _lab23(p: runtime.Profile, quick: bool) -> dict[str, Any]:
                                  f"{fixed_replicas}, so the fix can hold it", "ok": 1 < overload < fixed_replicas}]}
 
 
+# ------------------------------------------------------------------------------------------ capstone
+@_register("24")
+def _lab24(p: runtime.Profile, quick: bool) -> dict[str, Any]:
+    # The worked design's workload (1,500 shared + 2,000 unique tokens in, 400 out) kept on a GPU, scaled down on a
+    # CPU so that a request takes about a second and a benchmark a few; the SLO scales with it.
+    if _gpu(p):
+        shared, unique, out = 1536, 2048, (128 if quick else 400)
+        slo = {"ttft_p99_ms": 800.0, "tpot_p99_ms": 40.0}
+        max_len = 8192
+        cfg = _cfg(p)
+        room = p.utilization * p.gpu_memory_gib - sizing.weight_bytes(cfg).total / 2**30 - GPU_OVERHEAD_GIB
+        fits = int(room * 2**30 // sizing.kv_bytes_for_context(cfg, shared + unique + out))
+        top = 2 ** int(math.log2(max(1, min(fits, 32 if quick else 64))))  # the most requests the card holds
+        concurrencies = sorted({max(1, top // 8), max(1, top // 2), top}) if quick else \
+            sorted({c for c in _geometric(top, 5) if c >= 1})
+        fault_concurrency = top
+    else:
+        shared, unique, out = 512, 128, (32 if quick else 64)
+        slo = {"ttft_p99_ms": 4000.0, "tpot_p99_ms": 250.0}
+        concurrencies = [1, 4] if quick else [1, 2, 4, 8]
+        fault_concurrency, max_len = 6, 2048
+    max_len = min(max_len, p.max_model_len)
+    request = shared + unique + out
+    # The planted fault: a KV pool just over one max_model_len request (lab 06's), so a few requests fill it.
+    small_kv = int(1.15 * sizing.kv_bytes_for_context(_cfg(p), max_len))
+    small_tokens = int(1.15 * max_len)
+    return {"max_model_len": max_len, "max_request_tokens": request,
+            "min_gpu_memory_utilization": p.utilization if _gpu(p) else None, "min_run_s": 0.0,
+            "values": {"shared_prefix": shared, "unique": unique, "output": out, **slo,
+                       "concurrencies": concurrencies, "requests_per_slot": 2,
+                       "fault_concurrency": fault_concurrency, "fault_requests": 2 * fault_concurrency,
+                       "small_kv_bytes": small_kv, "safety": 1.3,
+                       "brief_models": ["llama-3.1-70b"], "brief_cards": ["h100", "h200"]},
+            "checks": [_fits_context(request, max_len, "a request of the scaled workload"),
+                       {"claim": f"the planted small KV pool (~{small_tokens:,} tokens) holds fewer than "
+                                 f"{fault_concurrency} requests of {request:,} tokens, so the fault shows",
+                        "ok": small_tokens < fault_concurrency * request},
+                       _gpu_fit(p, p.utilization, request, max(concurrencies))]}
+
+
 # ------------------------------------------------------------------------------------------ API
 def lab(number: str, profile: runtime.Profile | str, quick: bool | None = None) -> LabPlan:
     """Lab ``number``'s plan for ``profile`` (a Profile or a profile name); raises :class:`PlanError` when it does
