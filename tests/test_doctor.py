@@ -348,3 +348,10 @@ def test_planted_faults_on_a_real_server_are_named(monkeypatch):
     kv = d.finding("memory.kv").evidence
     assert kv["kv_cache_tokens"] == srv.startup.kv_cache_tokens and kv["kv_cache_usage_max"] >= 0.95
     assert d.finding("ttft.prefix_cache").evidence["hit_rate_measured"] in (0.0, None)
+
+
+def test_a_key_given_as_an_engine_argument_stays_out_of_the_evidence():
+    ev = evidence(window(), gauges(running=2), engine_args={"api_key": "s3cret", "max_num_seqs": 8})
+    d = doctor.examine(ev)
+    assert ev.max_num_seqs == 8 and "s3cret" not in json.dumps(d.as_dict(), default=str)
+    assert "s3cret" not in json.dumps(ev.as_dict(), default=str)

@@ -200,6 +200,8 @@ class Evidence:
 _NON_DEFAULT = re.compile(r"non-default args: (\{.*\})\s*$")
 #: Keys of vLLM's ``non-default args`` that are not engine arguments of the served model.
 _NOT_ENGINE = {"host", "port", "model", "served_model_name", "api_key"}
+#: Never kept in the evidence (it is printed, saved in reports and returned as JSON).
+_SECRETS = {"api_key"}
 
 
 def engine_args_from_log(log_text: str) -> dict[str, Any]:
@@ -292,7 +294,7 @@ def _assemble(ev: Evidence, before: _metrics.Snapshot, after: _metrics.Snapshot 
 def _base(url: str | None, log_text: str, log_path: str | None, args: Mapping[str, Any],
           run: str | Path | RunResult | None, slo: SLO | None, explicit_log: bool) -> Evidence:
     ev = Evidence(url=url, log_path=log_path, log_text=log_text)
-    ev.engine_args = {**engine_args_from_log(log_text), **args}
+    ev.engine_args = {k: v for k, v in {**engine_args_from_log(log_text), **args}.items() if k not in _SECRETS}
     if run is not None:
         result = run if isinstance(run, RunResult) else load_run(run)
         ev.run = RunFacts.of(result)
@@ -341,6 +343,7 @@ def gather(target: Any = None, *, run: str | Path | RunResult | None = None, win
     Introduced in lab 24 (Putting It All Together).
     """
     url, log_text, log_path, args = _server_parts(target)
+    api_key = api_key or getattr(target, "api_key", None)  # a Server knows its own key (kept out of the evidence)
     if log is not None:
         log_path, log_text = str(log), Path(log).read_text(errors="replace")
     ev = _base(url, log_text, log_path, {**args, **normalize(engine_args or {})}, run, slo, explicit_log=log is not None)
