@@ -306,6 +306,65 @@ def _lab11(p: runtime.Profile, quick: bool) -> dict[str, Any]:
                        _long_enough(p, probe_s, inp, out, batch=16, what="each probe of the search")]}
 
 
+# ------------------------------------------------------------------------------------ phase 3 (labs 12-14)
+# A configuration is ``{"recipe": name}`` (built by helpers.quant, served through quant.servable: dequantized where
+# this device has no kernel), ``{"fake": format, ...options}`` (a fake-quantized checkpoint: the format's accuracy on
+# any device) or ``{"engine": {...}}`` (engine arguments on the profile's own checkpoint).
+def _drift_texts(quick: bool) -> int | None:
+    return 16 if quick else None  # None: all 40 shipped drift texts
+
+
+@_register("12")
+def _lab12(p: runtime.Profile, quick: bool) -> dict[str, Any]:
+    if _gpu(p) and _hw(p).fp8_flops:  # FP8 tensor cores (Ada, Hopper, Blackwell): vLLM quantizes at load
+        weights = {"FP8 weights (vLLM --quantization fp8)": {"engine": {"quantization": "fp8"}}}
+    else:  # no FP8 compute: the format's accuracy through fake quantization
+        weights = {"FP8 E4M3 weights (fake-quantized)": {"fake": "fp8_e4m3"}}
+        if not quick:
+            weights["FP8 E5M2 weights (fake-quantized)"] = {"fake": "fp8_e5m2"}
+    return {"max_model_len": p.max_model_len, "max_request_tokens": 512,
+            "min_gpu_memory_utilization": p.utilization if _gpu(p) else None, "min_run_s": 0.0,
+            "values": {"weights": weights, "kv_cache_dtype": "fp8", "drift_texts": _drift_texts(quick),
+                       "sample_layers": 3, "sample_weights": 2**18 if quick else 2**20,
+                       "greedy_prompts": 4 if quick else 8, "greedy_tokens": 32},
+            "checks": [_gpu_fit(p, p.utilization, p.max_model_len)]}
+
+
+@_register("13")
+def _lab13(p: runtime.Profile, quick: bool) -> dict[str, Any]:
+    if _gpu(p):  # llm-compressor's own checkpoints: served natively on Blackwell, dequantized elsewhere
+        formats = {"NVFP4": {"recipe": "nvfp4" if _hw(p).fp4_flops else "nvfp4a16"},
+                   "MXFP4": {"recipe": "mxfp4" if _hw(p).fp4_flops else "mxfp4a16"}}
+    else:
+        formats = {"NVFP4": {"fake": "nvfp4"}, "MXFP4": {"fake": "mxfp4"}}
+    return {"max_model_len": p.max_model_len, "max_request_tokens": 512,
+            "min_gpu_memory_utilization": p.utilization if _gpu(p) else None, "min_run_s": 0.0,
+            "values": {"formats": formats, "block_sizes": [8, 16, 32, 64, 128], "scale_formats": ["fp32", "e4m3", "e8m0"],
+                       "sample_layers": 2 if quick else 4, "sample_weights": 2**18 if quick else 2**20,
+                       "drift_texts": _drift_texts(quick)},
+            "checks": [_gpu_fit(p, p.utilization, p.max_model_len)]}
+
+
+@_register("14")
+def _lab14(p: runtime.Profile, quick: bool) -> dict[str, Any]:
+    # GPTQ over all 30 layers of SmolLM2 took 18 minutes on a 2-core AVX2 CPU (16 samples): the CPU compares the
+    # 4-bit algorithms on the first 3 decoder layers (both quantize the same layers; the rest stays as it is).
+    first = {"first_layers": 3} if not _gpu(p) else {}
+    configs = {"W8A8 INT8 (round to nearest)": {"recipe": "w8a8-rtn"},
+               "W4A16 GPTQ, group 64": {"recipe": "w4a16-gptq-g64", **first},
+               "W4A16 round to nearest, group 64": {"recipe": "w4a16-rtn-g64", **first}}
+    if not quick:
+        configs.update({"W4A16 GPTQ without act-order, group 64": {"recipe": "w4a16-gptq-noact-g64", **first},
+                        "INT4 round to nearest, per channel": {"fake": "int4", "granularity": "channel", **first}})
+    return {"max_model_len": p.max_model_len, "max_request_tokens": 128 + 64,
+            "min_gpu_memory_utilization": p.utilization if _gpu(p) else None, "min_run_s": 0.0,
+            "values": {"configs": configs, "awq": {"recipe": "w4a16-awq-g64", **first},
+                       "calibration_samples": 16 if not _gpu(p) else 128, "drift_texts": _drift_texts(quick),
+                       "speed_input": 128, "speed_output": 32 if quick else 64, "speed_requests": 3 if quick else 8},
+            "checks": [_fits_context(128 + 64, p.max_model_len, "a speed probe"),
+                       _gpu_fit(p, p.utilization, p.max_model_len)]}
+
+
 # ------------------------------------------------------------------------------------ phase 3 (labs 15-17)
 def _quant_candidates(p: runtime.Profile, quick: bool) -> dict[str, dict[str, Any]]:
     """Configurations of labs 12-14 that lab 15 gates and lab 17 prices: ``recipe`` (a ``helpers.quant`` recipe,
