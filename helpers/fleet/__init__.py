@@ -35,13 +35,15 @@ The live fleet runs on this machine with the same pieces a cluster uses::
 - :mod:`~helpers.fleet.routing`: what round-robin and cache-aware routing do to each replica's prefix cache,
   predicted by simulating its blocks.
 - :mod:`~helpers.fleet.autoscaler`: the queue rule and a loop that scales out through the router, timed.
+- :mod:`~helpers.fleet.experts`: a mixture-of-experts router's choices measured, expert placement on EP ranks and
+  the imbalance that sets a step's length.
 - :mod:`~helpers.fleet.postmortem`: an overloaded run reconstructed (fluid queue model, alert timeline, SLO by
   send time) and written up.
 
 Every process is a :class:`helpers.procs.Proc`: stopped on exit, on error, and by a dead kernel's next start.
 """
 
-from . import postmortem
+from . import experts, postmortem
 from .autoscaler import QueueAutoscaler, QueueRule, ScaleOut, decide
 from .prometheus import Prometheus
 from .replicas import parallel_slots, replica_env, start_replica, start_replicas, stop_replicas, tp_env
