@@ -258,6 +258,33 @@ def test_a_start_can_wait_for_a_slot_to_free_up(fake, monkeypatch):
             fake().start()
 
 
+
+def test_waiters_never_take_the_same_free_slot(fake, monkeypatch):
+    """Four starts wait for one slot; when it frees, exactly one takes it (the count and the spawn happen under one
+    machine-wide lock). Without the lock all four saw the free slot and started at once."""
+    monkeypatch.setenv("LABS_MAX_SERVERS", "1")
+    first = fake().start()
+    started, errors = [], []
+
+    def wait_and_start():
+        try:
+            started.append(fake(wait_for_slot_s=4).start())
+        except server.TooManyServers as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=wait_and_start) for _ in range(4)]
+    for t in threads:
+        t.start()
+    time.sleep(1.0)
+    first.stop()
+    for t in threads:
+        t.join(30)
+    try:
+        assert len(started) == 1 and len(errors) == 3, (len(started), len(errors))
+    finally:
+        for s in started:
+            s.stop()
+
 def test_reuse_parks_and_adopts_same_arguments_only(fake):
     a = fake(reuse=True, engine_args={"max_model_len": 2048})
     a.start()

@@ -46,6 +46,23 @@ def _key_digest(api_key: str | None) -> str:
     return hashlib.sha256(api_key.encode()).hexdigest()[:16] if api_key else ""
 
 
+
+@contextlib.contextmanager
+def _slot_lock():
+    """An exclusive lock on the machine's server slots (a file in the process-state folder), held for a count and a
+    spawn — never while waiting."""
+    import fcntl
+
+    path = settings.state_dir() / "server-slots.lock"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
 class Server:
     """One vLLM OpenAI-compatible server process, owned by this Python process.
 
@@ -152,8 +169,7 @@ class Server:
         procs.reap()
         if self.reuse and self._adopt():
             return self
-        self._check_capacity()
-        self._launch()
+        self._check_capacity(then=self._launch)
         bar = _progress(self.progress, f"starting vLLM ({self.served_model_name}) on port {self.port}")
         try:
             self.ready_s = self.proc.wait_ready(
@@ -173,24 +189,30 @@ class Server:
                 return True
         return False
 
-    def _check_capacity(self) -> None:
+    def _check_capacity(self, then: Any = None) -> None:
+        """Wait for a free slot; ``then()`` (the launch) runs while this process still holds the machine-wide slot
+        lock, so two waiters that see the same free slot cannot both take it (measured: five servers started at once
+        when four waiters saw one slot free)."""
         limit = settings.max_processes(KIND)
         deadline = time.monotonic() + (settings.wait_for_slot_s() if self.wait_for_slot_s is None
                                        else self.wait_for_slot_s)
         told = False
         while True:
-            running = [r for r in procs.records(KIND) if r.alive]
-            if len(running) >= limit and self.make_room:
-                parked = [r for r in running if r.parked and r.session == settings.session()]
-                parked.sort(key=lambda r: (int(r.meta.get("uses", 1)), -float(r.meta.get("parked_at", 0.0))))
-                for rec in parked:
-                    procs.kill_tree(rec.pid, rec.create_time)
-                    rec.remove()
-                    running.remove(rec)
-                    if len(running) < limit:
-                        break
-            if len(running) < limit:
-                return
+            with _slot_lock():
+                running = [r for r in procs.records(KIND) if r.alive]
+                if len(running) >= limit and self.make_room:
+                    parked = [r for r in running if r.parked and r.session == settings.session()]
+                    parked.sort(key=lambda r: (int(r.meta.get("uses", 1)), -float(r.meta.get("parked_at", 0.0))))
+                    for rec in parked:
+                        procs.kill_tree(rec.pid, rec.create_time)
+                        rec.remove()
+                        running.remove(rec)
+                        if len(running) < limit:
+                            break
+                if len(running) < limit:
+                    if then is not None:
+                        then()
+                    return
             if time.monotonic() >= deadline:
                 break
             if not told:
