@@ -181,7 +181,9 @@ def check_prefix_reuse(ev: Evidence) -> Finding | str:
         return _Ok("the run's prompts share no prefix")
     block = ev.block_size or 16
     groups = int(run.workload.get("num_prefixes") or 1)
-    expected = prefix_hit_rate(shared, prompt, block, max(run.completed // groups, 1))
+    # Requests sent together miss together (a block is cached once computed): under a closed loop of C, count waves.
+    together = run.concurrency if run.arrivals == "concurrent" and run.concurrency else 1
+    expected = prefix_hit_rate(shared, prompt, block, max(run.completed // groups // together, 1))
     v = ev.view
     measured = v.prefix_cache_hit_rate if v is not None else None
     evidence = {"window": ev.window, "shared_prefix_tokens": shared, "prompt_tokens": prompt, "block_size": block,
