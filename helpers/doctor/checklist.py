@@ -109,6 +109,34 @@ class _Skip(str):
     pass
 
 
+# ------------------------------------------------------------------------------------- KV
+def _kv_room_at_peak(ev: Evidence) -> float | None:
+    """Tokens the KV cache had free at its fullest (usage maximum x its size), ``None`` if unknown."""
+    v, tokens = ev.view, ev.kv_cache_tokens
+    if v is None or v.kv_cache_usage_max is None or not tokens:
+        return None
+    return (1.0 - v.kv_cache_usage_max) * tokens
+
+
+def _kv_bound(ev: Evidence) -> bool:
+    """True when the KV cache decided how many requests ran: vLLM preempted, or requests waited while the batch
+    was under ``max_num_seqs`` and the cache, even at its fullest, had no room for one more prompt (a waiting request
+    is admitted only when blocks for its whole prompt are free, so the cache binds below 100% usage)."""
+    v = ev.view
+    if v is None:
+        return False
+    if (v.preemptions or 0) > 0:
+        return True
+    waiting, kv = v.num_requests_waiting_max or 0, v.kv_cache_usage_max
+    if waiting < 1 or kv is None:
+        return False
+    if kv >= KV_FULL:
+        return True
+    room, prompt, cap = _kv_room_at_peak(ev), ev.prompt_tokens_per_request, ev.max_num_seqs
+    under_cap = cap is None or v.num_requests_running_max is None or v.num_requests_running_max < cap
+    return room is not None and prompt is not None and under_cap and room < prompt
+
+
 # ------------------------------------------------------------------------------------- TTFT
 def _ttft_too_high(ev: Evidence) -> bool | None:
     p99 = ev.latency.get("ttft_p99_ms")
@@ -139,9 +167,9 @@ def check_queue(ev: Evidence) -> Finding | str:
                 "preemptions": v.preemptions}
     tpot, tpot_slo = ev.latency.get("tpot_p99_ms"), ev.slo.tpot_ms if ev.slo else None
     tpot_room = tpot is None or tpot_slo is None or tpot < 0.7 * tpot_slo
-    if (v.preemptions or 0) > 0 or (kv is not None and kv >= KV_FULL):
-        cause = (f"capacity-limited by the KV cache: {kv:.0%} used" if kv is not None else "the KV cache is full") \
-                + f", {v.preemptions or 0:g} preemptions — requests wait for blocks to free up"
+    if _kv_bound(ev):
+        cause = (f"capacity-limited by the KV cache: {kv:.0%} used at its fullest" if kv is not None else
+                 "the KV cache is full") + f", {v.preemptions or 0:g} preemptions — requests wait for blocks to free up"
         fix = ["more KV memory per replica: --kv-cache-dtype fp8, raise --gpu-memory-utilization, or quantize "
                "the weights (see the KV finding)", "scale out: add replicas behind the router"]
     elif not v.gauge_samples:
@@ -360,14 +388,16 @@ def check_kv(ev: Evidence) -> Finding | str:
     if v is None:
         return _Skip("no server view")
     kv, pre, waiting = v.kv_cache_usage_max, v.preemptions or 0, v.num_requests_waiting_max or 0
-    if pre <= 0 and not (kv is not None and kv >= KV_FULL and waiting >= 1):
+    if not _kv_bound(ev):
         return _Ok(f"KV cache at most {kv:.0%} used, no preemptions" if kv is not None else "no preemptions")
+    room, prompt = _kv_room_at_peak(ev), ev.prompt_tokens_per_request
     tokens, mml = ev.kv_cache_tokens, ev.max_model_len
     per_req = (v.prompt_tokens + v.generation_tokens) / v.requests if v.requests and v.prompt_tokens is not None \
         and v.generation_tokens is not None else None
     fits = int(tokens // per_req) if tokens and per_req else None
     evidence = {"window": ev.window, "preemptions": pre, "kv_cache_usage_max": _r(kv, 3), "waiting_max": waiting,
-                "running_max": v.num_requests_running_max, "kv_cache_tokens": tokens, "max_model_len": mml,
+                "running_max": v.num_requests_running_max, "kv_cache_tokens": tokens,
+                "kv_free_tokens_at_peak": _r(room, 0), "prompt_tokens_per_request": _r(prompt, 0), "max_model_len": mml,
                 "tokens_per_request": _r(per_req, 0), "requests_the_cache_holds": fits}
     fix = ["--kv-cache-dtype fp8 (about twice the tokens; validate quality, lab 12)",
            "more memory for the cache: raise --gpu-memory-utilization (or --kv-cache-memory-bytes), or quantize the "
@@ -381,9 +411,14 @@ def check_kv(ev: Evidence) -> Finding | str:
         cause = (f"the KV cache ran out: vLLM preempted running requests {pre:g} times, recomputing them later "
                  f"(usage peaked at {kv:.0%} where it was sampled)" if kv is not None else
                  f"the KV cache ran out: vLLM preempted running requests {pre:g} times")
-    else:
+    elif kv is not None and kv >= KV_FULL:
         cause = (f"the KV cache is full ({kv:.0%} used) with {waiting:g} requests waiting for blocks: the cache, not "
                  "the batch limit, decides how many run")
+    else:
+        cause = (f"the KV cache admits too few requests: at its fullest ({kv:.0%} used) it had {room:,.0f} tokens free, "
+                 f"less than one {prompt:,.0f}-token prompt, so {waiting:g} requests waited with only "
+                 f"{v.num_requests_running_max:g} running (a request is admitted only when blocks for its whole "
+                 "prompt are free)")
     return Finding("memory.kv", "throughput is low: the KV cache is the limit", cause, evidence, fix, _lab("06"))
 
 
