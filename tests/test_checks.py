@@ -1043,6 +1043,187 @@ def lab_22(tmp: Path) -> dict[str, Any]:
                 results={"manifests_valid": all(r.ok for r in checked)})
 
 
+# ================================================================================================== labs 12-14
+def _lab12_sqnr(**measured: float) -> pd.DataFrame:
+    """Lab 12's SQNR table: predicted by the formula (floats) or each tensor's crest factor (INT8), and measured."""
+    pred_fp8 = {m: 10 * math.log10(12 * 4 ** m * 8 * math.log(2) / 3) for m in (2, 3)}
+    rows = [("fp8_e4m3", "channel", pred_fp8[3], 31.61), ("fp8_e4m3", "tensor", pred_fp8[3], 31.54),
+            ("fp8_e5m2", "channel", pred_fp8[2], 25.62), ("fp8_e5m2", "tensor", pred_fp8[2], 25.56),
+            ("int8", "channel", 41.17, 41.16), ("int8", "tensor", 28.89, 28.89)]
+    d = pd.DataFrame([{"format": f, "scale per": g, "predicted SQNR (dB)": p,
+                       "measured SQNR (dB)": measured.get(f"{f}_{g}", m)} for f, g, p, m in rows])
+    d["measured - predicted"] = d["measured SQNR (dB)"] - d["predicted SQNR (dB)"]
+    return d
+
+
+def _sqnr12(fmt: str, gran: str, value: float):
+    """Doctor: one measured SQNR changed, its 'measured - predicted' kept (so only the claim under test moves)."""
+    def apply(ns):
+        d = ns["sqnr"]
+        row = d.index[(d["format"] == fmt) & (d["scale per"] == gran)][0]
+        d.loc[row, "measured SQNR (dB)"] = value
+    return apply
+
+
+def _grids12(column: str, value: Any):
+    return lambda ns: ns["grids"].__setitem__(column, [value, ns["grids"][column].iloc[1]]) if column != "largest" \
+        else ns["grids"].loc.__setitem__(("fp8_e4m3", "largest"), value)
+
+
+@lab("12",
+     Doctor("hand decoding disagrees with torch's float8 dtype", _grids12("same as torch's dtype", False),
+            "g[\"same as torch's dtype\"].all()"),
+     Doctor("E4M3's largest value is not 448", _grids12("largest", 240.0), 'g.loc["fp8_e4m3", "largest"] == 448'),
+     Doctor("E5M2's SQNR 1.5 dB off the formula",
+            lambda ns: ns["sqnr"].loc.__setitem__((3, "measured - predicted"), 1.5), '"measured - predicted"].abs() < 1.0'),
+     Doctor("E4M3 only 4 dB better than E5M2", _sqnr12("fp8_e5m2", "channel", 31.61 - 4.0),
+            '("fp8_e4m3", "channel"), "measured SQNR (dB)"] - s_.loc[("fp8_e5m2"'),
+     Doctor("INT8 per tensor as good as per channel", _sqnr12("int8", "tensor", 40.0),
+            's_.loc[("int8", "channel"), "measured SQNR (dB)"] - s_.loc[("int8", "tensor")'),
+     Doctor("FP8 per tensor 1 dB worse than per channel", _sqnr12("fp8_e4m3", "tensor", 30.6),
+            'abs(s_.loc[("fp8_e4m3", "channel")'),
+     Doctor("a planned FP8 configuration was not served", lambda ns: ns.update(weights_table=ns["weights_table"].iloc[:1]),
+            "len(weights_table) == len(WEIGHTS)"),
+     Doctor("E4M3 weights drifted by 0.06 nats/token", lambda ns: _set(ns["weights_table"], 0, "KL (nats/token)", 0.06),
+            '["KL (nats/token)"].iloc[0] < 0.05'),
+     Doctor("E5M2 drifted less than E4M3", lambda ns: _set(ns["weights_table"], 1, "KL (nats/token)", 0.01),
+            'e5["KL (nats/token)"] > e4["KL (nats/token)"]'),
+     Doctor("E5M2 kept more top-1 agreement than E4M3", lambda ns: _set(ns["weights_table"], 1, "top-1 agreement", 0.95),
+            'e5["KL (nats/token)"] > e4["KL (nats/token)"]'),
+     Doctor("the baseline's KV cache not as predicted",
+            lambda ns: setattr(ns["base_startup"], "kv_cache_tokens", ns["base_startup"].kv_cache_tokens + 128),
+            'caps["auto"].kv_cache_tokens == base_startup.kv_cache_tokens'),
+     Doctor("the FP8 KV cache held one block less than predicted",
+            lambda ns: ns["kv"].update({"measured tokens": ns["kv"]["measured tokens"] - 128}),
+            'kv["measured tokens"] == kv["predicted tokens"]'),
+     Doctor("knob shows another configuration", lambda ns: _set(ns["knob_view"], 0, "measured SQNR (dB)", 25.62),
+            'knob_view["measured SQNR (dB)"]'),
+     )
+def lab_12(tmp: Path) -> dict[str, Any]:
+    # Lab 12 on the cpu profile (quick plan) on an AVX2 machine, except the FP8 KV cache, shown served (as an
+    # AVX-512 CPU or a GPU does) so that its assert runs. SQNRs and drift from that run; capacities from
+    # sizing.vllm_kv_capacity on SmolLM2 in float32 (161 blocks of 128 tokens, as vLLM made them there).
+    grids = pd.DataFrame([
+        {"format": "fp8_e4m3", "finite values": 253, "largest": 448.0, "same as torch's dtype": True,
+         "same as quant.grid": True},
+        {"format": "fp8_e5m2", "finite values": 247, "largest": 57344.0, "same as torch's dtype": True,
+         "same as quant.grid": True}]).set_index("format")
+    sqnr = _lab12_sqnr()
+    weights = {"FP8 E4M3 weights (fake-quantized)": {"fake": "fp8_e4m3"},
+               "FP8 E5M2 weights (fake-quantized)": {"fake": "fp8_e5m2"}}
+    weights_table = pd.DataFrame({
+        "FP8 E4M3 weights (fake-quantized)": {"KL (nats/token)": 0.0185, "KL 95% CI": (0.0168, 0.0200),
+                                              "top-1 agreement": 0.917, "top-1 95% CI": (0.896, 0.937), "positions": 824,
+                                              "greedy tokens before first difference": 17.25},
+        "FP8 E5M2 weights (fake-quantized)": {"KL (nats/token)": 0.0700, "KL 95% CI": (0.0640, 0.0760),
+                                              "top-1 agreement": 0.850, "top-1 95% CI": (0.820, 0.880), "positions": 824,
+                                              "greedy tokens before first difference": 9.0}}).T
+    cfg = sizing.load_config(SMOLLM2, dtype="float32")
+    pool = 161 * 128 * sizing.kv_bytes_per_token(cfg)
+    caps = {kv: sizing.vllm_kv_capacity(cfg, pool, 128, 8192, kv_dtype=kv) for kv in ("auto", "fp8")}
+    base_startup = SimpleNamespace(kv_cache_tokens=caps["auto"].kv_cache_tokens, block_size=128, num_blocks=161)
+    kv = {"predicted tokens": caps["fp8"].kv_cache_tokens, "measured tokens": caps["fp8"].kv_cache_tokens,
+          "served": True}
+    knob_view = sqnr[(sqnr["format"] == "fp8_e4m3") & (sqnr["scale per"] == "channel")].round(2).reset_index(drop=True)
+    return dict(grids=grids, sqnr=sqnr, weights_table=weights_table, WEIGHTS=weights, caps=caps,
+                base_startup=base_startup, kv=kv, ratio=4.0, knob_view=knob_view)
+
+
+def _pivot13(**changes: float) -> pd.DataFrame:
+    """Lab 13's sweep (SQNR in dB by block size and scale format) as measured on the cpu profile's quick plan."""
+    p = pd.DataFrame({"e4m3": [21.51, 20.49, 19.88, 19.35, 19.09], "e8m0": [18.31, 18.45, 18.49, 18.42, 18.35],
+                      "fp32": [21.71, 20.61, 19.99, 19.41, 19.12]}, index=pd.Index([8, 16, 32, 64, 128], name="block size"))
+    p.columns.name = "scale"
+    for key, value in changes.items():
+        col, block = key.rsplit("_", 1)
+        p.loc[int(block), col] = value
+    return p
+
+
+@lab("13",
+     Doctor("E2M1 lost a value", lambda ns: ns.update(e2m1=ns["e2m1"][1:]), "len(e2m1) == 15"),
+     Doctor("the hand-written NVFP4 differs from the library's", lambda ns: ns["same"].update(NVFP4=False),
+            'same["NVFP4"] and same["MXFP4"]'),
+     Doctor("E4M3 blocks of 64 better than blocks of 32", lambda ns: ns.update(pivot=_pivot13(e4m3_64=19.95)),
+            '.diff().dropna() < 0'),
+     Doctor("E4M3 scales 0.7 dB worse than exact ones", lambda ns: ns.update(pivot=_pivot13(e4m3_8=21.01)),
+            '(pivot["fp32"] - pivot["e4m3"]).abs() < 0.3'),
+     Doctor("power-of-two scales beat E4M3 at 128", lambda ns: ns.update(pivot=_pivot13(e8m0_128=19.2)),
+            'pivot["e4m3"] > pivot["e8m0"]).all()'),
+     Doctor("power-of-two scales not flat across block sizes", lambda ns: ns.update(pivot=_pivot13(e8m0_8=15.0)),
+            'pivot["e8m0"].max() - pivot["e8m0"].min()'),
+     Doctor("NVFP4 only 0.9 dB better than MXFP4", lambda ns: ns.update(pivot=_pivot13(e8m0_32=19.6)),
+            'pivot.loc[16, "e4m3"] - pivot.loc[32, "e8m0"] > 1.0'),
+     Doctor("served NVFP4 drifted more than MXFP4",
+            lambda ns: ns["drift_table"].loc.__setitem__(("NVFP4", "KL (nats/token)"), 0.61),
+            'dt.loc["NVFP4", "KL (nats/token)"] < dt.loc["MXFP4"'),
+     Doctor("served NVFP4 agreed less with the baseline than MXFP4",
+            lambda ns: ns["drift_table"].loc.__setitem__(("NVFP4", "top-1 agreement"), 0.55),
+            'dt.loc["NVFP4", "top-1 agreement"] > dt.loc["MXFP4"'),
+     Doctor("knob shows MXFP4's point", lambda ns: _set(ns["knob_view"], 0, "SQNR (dB)", 18.49), 'knob_view["SQNR (dB)"]'),
+     )
+def lab_13(tmp: Path) -> dict[str, Any]:
+    # Lab 13 on the cpu profile (quick plan: 2 sampled layers, fake-quantized NVFP4 and MXFP4 served, 16 drift texts):
+    # the sweep and the drift as measured there.
+    from helpers import quant
+    import numpy as np
+
+    pivot = _pivot13()
+    drift_table = pd.DataFrame({"NVFP4": {"served as": "fake-quantized", "KL (nats/token)": 0.1833, "top-1 agreement": 0.733},
+                                "MXFP4": {"served as": "fake-quantized", "KL (nats/token)": 0.5989,
+                                          "top-1 agreement": 0.593}}).T
+    knob_view = pd.DataFrame([{"block size": 16, "scale": "e4m3", "SQNR (dB)": round(pivot.loc[16, "e4m3"], 3),
+                               "bits per weight": 4.5, "vs NVFP4 (dB)": 0.0,
+                               "vs MXFP4 (dB)": round(pivot.loc[16, "e4m3"] - pivot.loc[32, "e8m0"], 3)}])
+    return dict(e2m1=quant.grid("fp4_e2m1").numpy(), np=np, quant=quant, same={"NVFP4": True, "MXFP4": True},
+                pivot=pivot, drift_table=drift_table, knob_view=knob_view)
+
+
+W8_14, GPTQ_14, RTN_14, PERCH_14 = ("W8A8 INT8 (round to nearest)", "W4A16 GPTQ, group 64",
+                                    "W4A16 round to nearest, group 64", "INT4 round to nearest, per channel")
+
+
+def _table14(ns, row: str, column: str, value: Any) -> None:
+    ns["table"].loc[row, column] = value
+
+
+@lab("14",
+     Doctor("a recipe was not built", lambda ns: ns["built"].pop(RTN_14), "set(recipes) <= set(built)"),
+     Doctor("a checkpoint 2% larger than predicted", lambda ns: _set(ns["sizes"], 1, "measured / predicted", 1.02),
+            '(sizes["measured / predicted"] - 1).abs() < 0.01'),
+     Doctor("W8A8 was served dequantized", lambda ns: _table14(ns, W8_14, "served as", "dequantized"),
+            'w8["served as"] == "compressed-tensors"'),
+     Doctor("W8A8 changed the top-1 token at 10% of positions", lambda ns: _table14(ns, W8_14, "top-1 agreement", 0.90),
+            'w8["top-1 agreement"] >= 0.95'),
+     Doctor("GPTQ drifted as much as round-to-nearest", lambda ns: _table14(ns, GPTQ_14, "KL (nats/token)", 0.031),
+            'table.loc["W4A16 GPTQ, group 64", "KL (nats/token)"] <'),
+     Doctor("per-channel INT4 drifted less than groups of 64",
+            lambda ns: _table14(ns, PERCH_14, "KL (nats/token)", 0.01),
+            'table.loc["INT4 round to nearest, per channel", "KL (nats/token)"] >'),
+     Doctor("knob shows another configuration", lambda ns: _set(ns["knob_view"], 0, "KL (nats/token)", 0.02),
+            'knob_view["KL (nats/token)"]'),
+     )
+def lab_14(tmp: Path) -> dict[str, Any]:
+    # Lab 14 on the cpu profile (full plan's shape, so that the per-channel assert runs) on an AVX2 machine: W8A8 on
+    # CPUInt8ScaledMMLinearKernel, the 4-bit checkpoints dequantized (no INT4 kernel without AVX-512). Sizes as the
+    # checkpoints built there; drift of the same shape as measured.
+    recipes = {W8_14: "w8a8-rtn", GPTQ_14: "w4a16-gptq-g64-layers0-2", RTN_14: "w4a16-rtn-g64-layers0-2"}
+    built = {k: SimpleNamespace(weight_bytes=b) for k, b in
+             zip(recipes, (163226688, 253471904, 253471904))}
+    sizes = pd.DataFrame([{"configuration": k, "predicted MB": p, "measured MB": m, "measured / predicted": m / p}
+                          for k, p, m in zip(recipes, (163.1727, 253.4369, 253.4369), (163.2267, 253.4719, 253.4719))]
+                         ).set_index("configuration")
+    row = lambda kind, kernel, kl, top1: {"served as": kind, "kernel": kernel, "TPOT p50 (ms)": 60.0,  # noqa: E731
+                                          "KL (nats/token)": kl, "top-1 agreement": top1}
+    table = pd.DataFrame({"baseline": row("float32", "-", 0.0, 1.0),
+                          W8_14: row("compressed-tensors", "CPUInt8ScaledMMLinearKernel", 0.0042, 0.975),
+                          GPTQ_14: row("dequantized", "-", 0.0180, 0.955),
+                          RTN_14: row("dequantized", "-", 0.0300, 0.94),
+                          PERCH_14: row("fake-quantized", "-", 0.2100, 0.80)}).T
+    knob_view = table.loc[[W8_14], ["served as", "TPOT p50 (ms)", "KL (nats/token)", "top-1 agreement"]]
+    return dict(recipes=recipes, built=built, sizes=sizes, table=table, knob_view=knob_view)
+
+
 # ================================================================================================== the tests
 def _doctor_params():
     params = []
