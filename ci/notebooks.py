@@ -79,7 +79,7 @@ def check(path: Path) -> list[str]:
         problems.append("exactly one cell must be tagged 'parameters'")
     if "check" not in tags:
         problems.append("the closing check cell must be tagged 'check'")
-    if code and not re.search(r"\.stop\(\)|stop_all\(|stop_owned\(", _source(code[-1])):
+    if code and not re.search(r"\.stop\(|stop_all\(|stop_owned\(|stop_replicas\(", _source(code[-1])):
         problems.append("the last code cell must stop the server")
     for c in code:
         if re.search(r"sys\.path\.(append|insert)|sys\.path\s*[+=]", _source(c)):

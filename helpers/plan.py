@@ -319,9 +319,8 @@ def _lab12(p: runtime.Profile, quick: bool) -> dict[str, Any]:
     if _gpu(p) and _hw(p).fp8_flops:  # FP8 tensor cores (Ada, Hopper, Blackwell): vLLM quantizes at load
         weights = {"FP8 weights (vLLM --quantization fp8)": {"engine": {"quantization": "fp8"}}}
     else:  # no FP8 compute: the format's accuracy through fake quantization
-        weights = {"FP8 E4M3 weights (fake-quantized)": {"fake": "fp8_e4m3"}}
-        if not quick:
-            weights["FP8 E5M2 weights (fake-quantized)"] = {"fake": "fp8_e5m2"}
+        weights = {"FP8 E4M3 weights (fake-quantized)": {"fake": "fp8_e4m3"},
+                   "FP8 E5M2 weights (fake-quantized)": {"fake": "fp8_e5m2"}}
     return {"max_model_len": p.max_model_len, "max_request_tokens": 512,
             "min_gpu_memory_utilization": p.utilization if _gpu(p) else None, "min_run_s": 0.0,
             "values": {"weights": weights, "kv_cache_dtype": "fp8", "drift_texts": _drift_texts(quick),
@@ -429,7 +428,8 @@ def _lab16(p: runtime.Profile, quick: bool) -> dict[str, Any]:
     return {"max_model_len": p.max_model_len, "max_request_tokens": 256 + out,
             "min_gpu_memory_utilization": p.utilization if _gpu(p) else None, "min_run_s": 0.0,
             "values": {"k": k, "speculative": served, "not_served": not_served, "output_len": out,
-                       "requests_at_1": 3 if quick else 8, "concurrency": conc},
+                       "requests_at_1": 3 if quick else 8, "concurrency": conc,
+                       "temperature": {"copy": 0.0, "open": 0.8}},
             "checks": [_fits_context(256 + out, p.max_model_len, "a prompt and its answer"),
                        _gpu_fit(p, p.utilization, 256 + out, conc[-1])]}
 
@@ -440,10 +440,11 @@ def _lab17(p: runtime.Profile, quick: bool) -> dict[str, Any]:
     served, _ = _spec_configs(p, k)
     quant = next(iter(_quant_candidates(p, True).items()))  # the first candidate: the format this device runs fast
     out, probe_s = (32, 12.0) if quick else (64, 30.0)
-    slo = {"ttft_ms": 2000, "tpot_ms": 150} if not _gpu(p) else {"ttft_ms": 500, "tpot_ms": 40}
+    # CPU: a shared 2-core machine's TPOT at 1 request is 50-80 ms and triples when neighbours run (measured here).
+    slo = {"ttft_ms": 3000, "tpot_ms": 250} if not _gpu(p) else {"ttft_ms": 500, "tpot_ms": 40}
     return {"max_model_len": p.max_model_len, "max_request_tokens": 256 + out,
             "min_gpu_memory_utilization": p.utilization if _gpu(p) else None, "min_run_s": probe_s,
-            "values": {"output_len": out, "probe_s": probe_s, "search_runs": 3 if quick else 6, "slo": slo,
+            "values": {"output_len": out, "probe_s": probe_s, "search_runs": 4 if quick else 6, "slo": slo,
                        "attainment": 0.9, "start_rate": 0.5 if not _gpu(p) else 8.0,
                        "quantized": {"name": quant[0], **quant[1]},
                        "speculative": {"name": next(iter(served)), **next(iter(served.values()))},
@@ -509,14 +510,18 @@ def _lab18(p: runtime.Profile, quick: bool) -> dict[str, Any]:
 
 @_register("19")
 def _lab19(p: runtime.Profile, quick: bool) -> dict[str, Any]:
-    inp, out = 128, (32 if quick else 64)
-    batches = [1, 8] if quick else [1, 4, 16]
+    # The served MoE is the random-weight tiny-moe on every device (loads in seconds, no download): the lab measures
+    # its router, not its answers; real MoEs enter as catalog configs and as the EP deployment.
+    inp, out = 128, (16 if quick else 64)
     return {"max_model_len": 2048, "max_request_tokens": inp + out,
             "min_gpu_memory_utilization": 0.5 if _gpu(p) else None, "min_run_s": 0.0, "model": TINY_MOE,
-            "values": {"moe_model": TINY_MOE, "tp_sizes": [1, 2], "input_len": inp, "output_len": out,
-                       "batches": batches, "routing_tokens": 2048 if quick else 8192,
+            "values": {"moe_model": TINY_MOE, "input_len": inp, "output_len": out,
+                       "batches": [1, 8] if quick else [1, 4, 16], "repeats": 2 if quick else 4,
+                       "kv_cache_memory_bytes": 256 << 20,
+                       "routing_texts": 8 if quick else 40, "routing_max_tokens": 256,
+                       "greedy_prompts": 4, "greedy_tokens": 8, "ep_sizes": [2, 4, 8],
                        "catalog": ["mixtral-8x7b", "qwen3-30b-a3b", "gpt-oss-20b", "deepseek-v3"],
-                       "ep_model": "qwen3-30b-a3b", "ep_gpus": 8},
+                       "ep_model": "Qwen/Qwen3-30B-A3B", "ep_gpus": 8},
             "checks": [_fits_context(inp + out, 2048, "each request")]}
 
 
@@ -547,7 +552,7 @@ def _lab21(p: runtime.Profile, quick: bool) -> dict[str, Any]:
             "values": {"prompt": prompt, "output": 8, "flush_prompts": prompts_in_cache + 2,
                        "kv_cache_memory_bytes": cache_tokens * per_token, "cache_tokens": cache_tokens,
                        "kv_bytes_per_token": per_token, "repeats": 2 if quick else 4,
-                       "tiers": ["hbm", "cpu_dram", "local_nvme", "object_store"]},
+                       "tiers": ["pcie5", "nvme_gen4", "object_store"]},
             "checks": [_fits_context(prompt + 16, min(p.max_model_len, cache_tokens), "the reused prompt"),
                        {"claim": f"{prompts_in_cache + 2} flush prompts of {prompt:,} tokens overflow a cache of "
                                  f"{cache_tokens:,} tokens, so the reused prompt is evicted",
@@ -597,7 +602,7 @@ def _lab23(p: runtime.Profile, quick: bool) -> dict[str, Any]:
         load = {"max_num_seqs": 4, "input_len": 128, "output_len": 16}
         slo = {"ttft_p99_ms": 2000.0, "tpot_p99_ms": 250.0}
     phases = {"capacity_s": 10.0 if quick else 20.0, "calm_s": 15.0 if quick else 40.0,
-              "overload_s": 20.0 if quick else 60.0, "recovery_s": 15.0 if quick else 40.0}
+              "overload_s": 25.0 if quick else 60.0, "recovery_s": 15.0 if quick else 40.0}
     if _gpu(p):
         phases = {k: 2 * v for k, v in phases.items()}
     calm, overload, fixed_replicas = 0.5, 1.6, 2
@@ -605,7 +610,9 @@ def _lab23(p: runtime.Profile, quick: bool) -> dict[str, Any]:
             "min_gpu_memory_utilization": round(p.utilization / 2, 3) if _gpu(p) else None,
             "min_run_s": phases["capacity_s"], "model": model,
             "values": {**load, **phases, **slo, "calm": calm, "overload": overload, "fixed_replicas": fixed_replicas,
-                       "queue_threshold": 4, "window": "30s",
+                       # half the batch waiting: crossed within seconds of the overload starting (measured on CPU:
+                       # 4 waiting took 15 s at 1.6x), so the queue alert fires inside the overload, not after it
+                       "queue_threshold": max(2, load["max_num_seqs"] // 2), "window": "30s",
                        "rate_window": "30s", "slo_window_s": 5.0,
                        "burn_windows": [["1m", "15s", 14.4, "page", "5s"], ["2m", "30s", 6.0, "ticket", "10s"]],
                        "alert_for": {"queue_for": "5s", "kv_for": "10s", "preemption_for": "10s", "tpot_for": "15s"}},
@@ -620,10 +627,10 @@ def _lab23(p: runtime.Profile, quick: bool) -> dict[str, Any]:
 @_register("24")
 def _lab24(p: runtime.Profile, quick: bool) -> dict[str, Any]:
     # The worked design's workload (1,500 shared + 2,000 unique tokens in, 400 out) kept on a GPU, scaled down on a
-    # CPU so that a request takes about a second and a benchmark a few; the SLO scales with it.
+    # CPU so that a request takes about a second and a benchmark a few. The SLO is the lab's: the brief's headroom
+    # over this device's measured single stream.
     if _gpu(p):
         shared, unique, out = 1536, 2048, (128 if quick else 400)
-        slo = {"ttft_p99_ms": 800.0, "tpot_p99_ms": 40.0}
         max_len = 8192
         cfg = _cfg(p)
         room = p.utilization * p.gpu_memory_gib - sizing.weight_bytes(cfg).total / 2**30 - GPU_OVERHEAD_GIB
@@ -633,10 +640,9 @@ def _lab24(p: runtime.Profile, quick: bool) -> dict[str, Any]:
             sorted({c for c in _geometric(top, 5) if c >= 1})
         fault_concurrency = top
     else:
-        shared, unique, out = 512, 128, (32 if quick else 64)
-        slo = {"ttft_p99_ms": 4000.0, "tpot_p99_ms": 250.0}
+        shared, unique, out = (256, 64, 32) if quick else (512, 128, 64)
         concurrencies = [1, 4] if quick else [1, 2, 4, 8]
-        fault_concurrency, max_len = 6, 2048
+        fault_concurrency, max_len = 6, (1024 if quick else 2048)
     max_len = min(max_len, p.max_model_len)
     request = shared + unique + out
     # The planted fault: a KV pool just over one max_model_len request (lab 06's), so a few requests fill it.
@@ -644,7 +650,7 @@ def _lab24(p: runtime.Profile, quick: bool) -> dict[str, Any]:
     small_tokens = int(1.15 * max_len)
     return {"max_model_len": max_len, "max_request_tokens": request,
             "min_gpu_memory_utilization": p.utilization if _gpu(p) else None, "min_run_s": 0.0,
-            "values": {"shared_prefix": shared, "unique": unique, "output": out, **slo,
+            "values": {"shared_prefix": shared, "unique": unique, "output": out,
                        "concurrencies": concurrencies, "requests_per_slot": 2,
                        "fault_concurrency": fault_concurrency, "fault_requests": 2 * fault_concurrency,
                        "small_kv_bytes": small_kv, "safety": 1.3,

@@ -31,6 +31,7 @@ Nothing here starts a server or touches the network; the whole file runs in a fe
 from __future__ import annotations
 
 import ast
+import dataclasses
 import json
 import math
 import traceback
@@ -1043,6 +1044,167 @@ def lab_22(tmp: Path) -> dict[str, Any]:
                 results={"manifests_valid": all(r.ok for r in checked)})
 
 
+# ================================================================================================== lab 18
+def _doctor_tp2_capacity(ns):
+    cap = ns["capacity"]
+    for column in ("KV tokens (vLLM)", "KV tokens (predicted)"):
+        cap.loc[cap.index[1], column] = int(1.5 * cap[column].iloc[0])
+
+
+@lab("18",
+     Doctor("vLLM's KV capacity is not sizing's", lambda ns: _set(ns["capacity"], 0, "KV tokens (vLLM)",
+                                                                ns["capacity"]["KV tokens (vLLM)"].iloc[0] + 1000),
+            'abs(row["KV tokens (vLLM)"]'),
+     Doctor("TP=2 did not double the KV tokens", _doctor_tp2_capacity, "capacity[\"KV tokens (vLLM)\"].iloc[-1] >= 1.9"),
+     Doctor("a request failed", lambda ns: setattr(ns["runs"][(2, 8)].summary, "failed", 1),
+            "all(r.summary.failed == 0"),
+     Doctor("the link fit misses a measurement", lambda ns: ns["measured_rows"][-1].update(
+         seconds=3 * ns["measured_rows"][-1]["seconds"]), "abs(sizing.allreduce_time("),
+     Doctor("the knob disagrees with the arithmetic",
+            lambda ns: ns["knob_view"].__setitem__("communication share", ns["knob_view"]["communication share"] + 0.01),
+            'knob_view.set_index("batch")'),
+     )
+def lab_18(tmp: Path) -> dict[str, Any]:
+    # Lab 18 on the cpu profile (quick plan: random:tiny-tp in float32, 256 MiB of KV per rank, TP 1 and 2, batches 1
+    # and 8); the all-reduce rows are gloo over loopback as measured here (about 1.8 GB/s and 0.5 ms per step).
+    cfg = sizing.load_config("random:tiny-tp", dtype="float32")
+    capacity = pd.DataFrame([{"TP": tp, "block size": 128,
+                              "KV tokens (predicted)": sizing.kv_cache_tokens(cfg, 256 << 20, 128, 2048, tp=tp)}
+                             for tp in (1, 2)])
+    capacity["KV tokens (vLLM)"] = capacity["KV tokens (predicted)"]
+    truth = sizing.Link("gloo", 1.8e9, 5e-4)
+    measured_rows = [{"bytes": b, "seconds": sizing.allreduce_time(b, 2, truth) * (1 + 0.03 * i)}
+                     for i, b in enumerate((4096, 65536, 1 << 20, 4 << 20))]
+    here = sizing.fit_link(measured_rows)
+    card = sizing.HARDWARE["h100"]
+    big = sizing.load_config("llama-3.1-70b")
+    rows = []
+    for b in (1, 2, 4, 8):
+        comm = sizing.tp_comm_per_step(big, b, 4, sizing.LINKS["nvlink4"])
+        compute = sizing.decode_step_time(big, card, b, 4096).time / 4
+        rows.append({"link": "nvlink4", "batch": b, "communication share": round(comm / (comm + compute), 3)})
+    return dict(capacity=capacity, TP_SIZES=[1, 2], runs={(tp, b): _run(completed=2 * b) for tp in (1, 2) for b in (1, 8)},
+                measured_rows=measured_rows, here=here, ar=pd.DataFrame(measured_rows), sizing=sizing,
+                PLAN={"big_models": ["llama-3.1-70b"]}, card=card, knob_view=pd.DataFrame(rows))
+
+
+# ================================================================================================== lab 19
+_LOAD_19 = [[62, 73, 65, 82, 208, 72, 137, 161], [83, 151, 61, 94, 209, 62, 160, 40],
+            [266, 98, 153, 69, 38, 52, 22, 162], [76, 17, 170, 187, 218, 39, 71, 82]]
+
+
+def _doctor_ep_placement(ns):
+    ns["placement"].loc[(ns["placement"]["EP ranks"] == 4) & (ns["placement"]["policy"] == "balanced"),
+                        "imbalance (mean over layers)"] = 1.6
+
+
+@lab("19",
+     Doctor("vLLM's KV capacity is not the config's", lambda ns: ns["kv"].update({"KV tokens (vLLM)": 131072}),
+            'abs(kv["KV tokens (vLLM)"]'),
+     Doctor("a served request failed", lambda ns: setattr(ns["runs"][8].summary, "failed", 1),
+            "all(r.summary.failed == 0"),
+     Doctor("transformers decodes other tokens than vLLM", lambda ns: ns.update(agreement=0.5), "agreement >= 0.9"),
+     Doctor("the load lost a routed token", lambda ns: ns["load"].__setitem__((0, 0), ns["load"][0, 0] - 1),
+            "(load.sum(axis=1) =="),
+     Doctor("one token touched three experts", lambda ns: _set(ns["touched"], 0, "measured", 3.0),
+            'loc[1, "measured"] == K'),
+     Doctor("a batch touched more experts than uniform routing allows",
+            lambda ns: _set(ns["touched"], 2, "measured", ns["touched"]["uniform formula"].iloc[2] + 1.0),
+            '(touched["measured"] <= touched["uniform formula"]'),
+     Doctor("balanced placement lost to contiguous", _doctor_ep_placement, '(wide["balanced"] <= wide["contiguous"]'),
+     Doctor("the knob disagrees with the placement arithmetic",
+            lambda ns: ns["knob_view"].__setitem__("imbalance", ns["knob_view"]["imbalance"] + 0.001),
+            'knob_view["imbalance"].iloc[0] =='),
+     Doctor("an EP manifest fails its schema",
+            lambda ns: ns["checked"].append(ValidationResult("Deployment", "moe-ep", False, ("bad",), "strict")),
+            "checked and all(r.ok for r in checked)"),
+     )
+def lab_19(tmp: Path) -> dict[str, Any]:
+    # Lab 19 on the cpu profile: tiny-moe (8 experts, top-2, 4 layers) served in float32 in 256 MiB of KV; the router
+    # read on 430 tokens of 8 drift texts (that run's loads); distinct experts per batch as measured there.
+    import numpy as np
+
+    from helpers.fleet import experts
+
+    load = np.array(_LOAD_19)
+    kv = {"KV tokens (vLLM)": 65536, "KV tokens (predicted)": 65536, "block size": 128}
+    touched = pd.DataFrame({"batch": [1, 2, 4, 8, 16, 32], "measured": [2.0, 3.30, 4.94, 6.45, 7.39, 7.86],
+                            "uniform formula": [sizing.expected_experts(8, 2, b) for b in (1, 2, 4, 8, 16, 32)]})
+    eps = [2, 4, 8]
+    placement = pd.DataFrame([{"EP ranks": r, "policy": pol, "imbalance (mean over layers)": float(np.mean([
+        experts.imbalance(experts.rank_loads(load[l], experts.place(load[l], r, pol), r)) for l in range(4)]))}
+        for r in eps for pol in ("contiguous", "balanced")])
+    knob_view = pd.DataFrame([{"ranks": 8, "policy": "contiguous", "layer": 0, "imbalance": round(
+        experts.imbalance(experts.rank_loads(load[0], experts.place(load[0], 8, "contiguous"), 8)), 4)}])
+    checked = [ValidationResult("Deployment", "moe-ep", True, (), "kubernetes-validate 1.37, strict")]
+    return dict(kv=kv, runs={1: _run(completed=2), 8: _run(completed=16)}, agreement=1.0, vllm_ids=[], hf_ids=[],
+                load=load, choices=np.zeros((430, 4, 2), dtype=int), K=2, E=8, touched=touched, placement=placement,
+                EP_SIZES=eps, experts=experts, knob_view=knob_view, checked=checked)
+
+
+# ================================================================================================== lab 24
+_PLANTED_24 = {"memory.kv": "a KV pool just over one request", "ttft.prefix_cache": "prefix caching off"}
+
+
+def _cmp24(ns, row: str, column: str, value: Any) -> None:
+    ns["compare"].loc[row, column] = value
+
+
+@lab("24",
+     Doctor("the doctor missed the planted KV fault", lambda ns: ns["found_before"].discard("memory.kv"),
+            "set(PLANTED) <= found_before"),
+     Doctor("the prefix fault still found after the fix", lambda ns: ns["found_after"].add("ttft.prefix_cache"),
+            "not (set(PLANTED)"),
+     Doctor("requests still queue after the fix", lambda ns: ns["found_after"].add("ttft.queue"), "not (set(PLANTED)"),
+     Doctor("a request failed under the faults", lambda ns: _cmp24(ns, "planted faults", "failed", 1),
+            'b["failed"] == 0'),
+     Doctor("a design run failed a request", lambda ns: _set(ns["design"], 0, "failed", 1), 'b["failed"] == 0'),
+     Doctor("prefix caching hit with caching off", lambda ns: _cmp24(ns, "planted faults", "prefix-cache hit rate", 0.1),
+            'b["prefix-cache hit rate"] == 0'),
+     Doctor("the fix hit under half the prediction", lambda ns: _cmp24(ns, "fixed", "prefix-cache hit rate", 0.1),
+            'b["prefix-cache hit rate"] == 0'),
+     Doctor("preemptions after the fix", lambda ns: _cmp24(ns, "fixed", "preemptions", 2.0), 'f["preemptions"] == 0'),
+     Doctor("the queue no shorter after the fix", lambda ns: _cmp24(ns, "fixed", "queue mean (ms)", 5000.0),
+            'f["preemptions"] == 0'),
+     Doctor("TTFT no lower after the fix", lambda ns: _cmp24(ns, "fixed", "TTFT p50 (ms)", 4000.0),
+            'f["TTFT p50 (ms)"] < b["TTFT p50 (ms)"]'),
+     Doctor("no concurrency met the SLO", lambda ns: ns["design"].__setitem__("meets SLO", False),
+            'design["meets SLO"].any()'),
+     Doctor("replicas not from the measured capacity", lambda ns: ns["best"].__setitem__("replicas for the peak", 3),
+            'best["replicas for the peak"]'),
+     Doctor("the report lost a step", lambda ns: ns["data"]["steps"].pop(3), 'data["steps"]'),
+     Doctor("the report has no finding before the fix", lambda ns: ns["data"]["doctor_before"].update(findings=[]),
+            'data["steps"]'),
+     )
+def lab_24(tmp: Path) -> dict[str, Any]:
+    # Lab 24 on the cpu profile (quick plan: 512 shared + 128 unique -> 32, 6 in flight for the doctor, 12 requests;
+    # SLO 4,000 / 250 ms), numbers of this shape: under the faults 3 requests fit the 2,304-token pool and the rest
+    # queue; after the fix the shared prefix hits.
+    compare = pd.DataFrame([
+        {"deployment": "planted faults", "TTFT p50 (ms)": 2900.0, "TTFT p99 (ms)": 4600.0, "TPOT p99 (ms)": 95.0,
+         "queue mean (ms)": 2100.0, "waiting max": 3.0, "KV usage max": 1.0, "preemptions": 0.0,
+         "prefix-cache hit rate": 0.0, "output tok/s": 40.0, "failed": 0},
+        {"deployment": "fixed", "TTFT p50 (ms)": 600.0, "TTFT p99 (ms)": 1500.0, "TPOT p99 (ms)": 120.0,
+         "queue mean (ms)": 40.0, "waiting max": 0.0, "KV usage max": 0.05, "preemptions": 0.0,
+         "prefix-cache hit rate": 0.55, "output tok/s": 70.0, "failed": 0},
+    ]).set_index("deployment")
+    predicted_hit = sizing.prefix_hit_rate(256, 320, 128, 12 // 6)  # the first 6 miss together
+    design = pd.DataFrame([
+        {"concurrency": 1, "req/s": 0.6, "output tok/s": 19.0, "TTFT p99 (ms)": 700.0, "TPOT p99 (ms)": 45.0,
+         "failed": 0},
+        {"concurrency": 4, "req/s": 1.6, "output tok/s": 52.0, "TTFT p99 (ms)": 1900.0, "TPOT p99 (ms)": 110.0,
+         "failed": 0}])
+    design["meets SLO"] = (design["TTFT p99 (ms)"] <= 4000.0) & (design["TPOT p99 (ms)"] <= 250.0)
+    here = SimpleNamespace(peak_rps=40.0)
+    best = pd.Series({"best concurrency": 4, "req/s per replica": 1.6, "replicas for the peak": math.ceil(40 * 1.3 / 1.6),
+                      "USD per M output tokens": 0.53})
+    data = {"steps": [{"step": f"{i} x"} for i in range(1, 10)],
+            "doctor_before": {"findings": [{"check": "memory.kv"}, {"check": "ttft.prefix_cache"}]}}
+    return dict(compare=compare, PLANTED=dict(_PLANTED_24), found_before={"ttft.queue", "memory.kv", "ttft.prefix_cache"},
+                found_after=set(), predicted_hit=predicted_hit, design=design, best=best, HERE=here, SAFETY=1.3,
+                data=data, math=math)
+
+
 # ================================================================================================== labs 12-14
 def _lab12_sqnr(**measured: float) -> pd.DataFrame:
     """Lab 12's SQNR table: predicted by the formula (floats) or each tensor's crest factor (INT8), and measured."""
@@ -1222,6 +1384,263 @@ def lab_14(tmp: Path) -> dict[str, Any]:
                           PERCH_14: row("fake-quantized", "-", 0.2100, 0.80)}).T
     knob_view = table.loc[[W8_14], ["served as", "TPOT p50 (ms)", "KL (nats/token)", "top-1 agreement"]]
     return dict(recipes=recipes, built=built, sizes=sizes, table=table, knob_view=knob_view)
+
+
+# ================================================================================================== lab 15
+INT8_15, MXFP4_15 = "INT8 W8A8 (round to nearest)", "MXFP4 weights (fake-quantized)"
+GATE_15 = {"max_task_drop": 0.05, "max_kl": 0.05, "min_top1": 0.90, "max_long_drop": 0.25}
+
+
+def _quality(name: str, wrong: dict[str, int], lc: dict[int, float], drift: tuple[float, float] | None,
+             texts: int = 16, per_task: int = 8):
+    """A real evals.Quality: 8 questions per task with ``wrong[task]`` of them answered wrong, retrieval per length,
+    and (for a candidate) drift as (KL, top-1 agreement) with intervals of +-30% / +-2 points."""
+    from helpers import evals
+    tasks = {}
+    for t in evals.TASKS:
+        correct = {f"{t}-{i:03d}": float(i >= wrong.get(t, 0)) for i in range(per_task)}
+        tasks[t] = evals.TaskScore(t, correct, sum(correct.values()) / per_task,
+                                   evals.bootstrap_mean_ci(list(correct.values())))
+    means = [s.accuracy for s in tasks.values()]
+    mean = sum(means) / len(means)
+    acc = evals.Accuracy(tasks, mean, (mean - 0.07, min(1.0, mean + 0.07)), 18.0, "/tmp/labs-eval")
+    lengths = {n: evals.LengthScore(n, 4, [1.0] * round(4 * a) + [0.0] * (4 - round(4 * a)), a, (max(0, a - 0.5), min(1, a + 0.5)))
+               for n, a in lc.items()}
+    d = None
+    if drift is not None:
+        kl, top1 = drift
+        d = evals.Drift(kl_mean=kl, kl_ci=(0.7 * kl, 1.3 * kl), kl_p99=10 * kl, top1=top1,
+                        top1_ci=(top1 - 0.02, min(1.0, top1 + 0.02)), positions=780, texts=texts, top_k=20)
+    return evals.Quality(name=name, accuracy=acc, long_context=evals.LongContext(lengths), drift=d,
+                         logprobs=[[{1: -0.1, 2: -2.5}]] if drift is None else [])
+
+
+def _lab15_derive(ns):
+    """The lab's own derivations from results: gates, the average view, the examples, the knob's default table."""
+    from helpers import evals
+    base, results, GATE = ns["base"], ns["results"], ns["GATE"]
+    ns["gates"] = gates = {n: evals.gate(base, q, **GATE) for n, q in results.items()}
+    rows = []
+    for q in results.values():
+        ids = [i for i in base.accuracy.per_question() if i in q.accuracy.per_question()]
+        diff, ci = evals.paired_diff_ci([base.accuracy.per_question()[i] for i in ids],
+                                        [q.accuracy.per_question()[i] for i in ids])
+        rows.append({"configuration": q.name, "average change": diff, "95% CI lo": ci[0], "95% CI hi": ci[1],
+                     "average alone says": "no detectable loss" if ci[1] >= -GATE["max_task_drop"]
+                     and ci[0] <= 0 <= ci[1] or ci[0] > 0 else "worse"})
+    ns["hidden"] = hidden = pd.DataFrame(rows).set_index("configuration")
+    ns["examples"] = [n for n in results if hidden.loc[n, "average alone says"] == "no detectable loss"
+                      and not gates[n].safe]
+    ns["gate_default"] = pd.DataFrame([{"configuration": n, "safe": g.safe} for n, g in gates.items()]
+                                      ).set_index("configuration")
+
+
+def _doctor_15_flip_gate(name: str, safe: bool):
+    def doctor(ns):
+        ns["gates"][name].safe = safe
+    return doctor
+
+
+@lab("15",
+     Doctor("the baseline scores near chance", lambda ns: setattr(ns["base"].accuracy, "mean_ci", (0.31, 0.49)),
+            "base.accuracy.mean_ci[0] > 0.5"),
+     Doctor("the baseline misses the facts at the shortest length",
+            lambda ns: setattr(ns["base"].long_context.lengths[512], "accuracy", 0.5),
+            "base.long_context.lengths[LENGTHS[0]].accuracy >= 0.75"),
+     Doctor("a candidate's drift read fewer texts", lambda ns: setattr(ns["results"][MXFP4_15].drift, "texts", 15),
+            "q.drift.texts == len(TEXTS)"),
+     Doctor("the 4-bit candidate drifted less than the 8-bit one",
+            lambda ns: setattr(ns["results"][MXFP4_15].drift, "kl_mean", 0.003), "results[rest[-1]].drift.kl_mean >"),
+     Doctor("the 4-bit candidate passed", _doctor_15_flip_gate(MXFP4_15, True), "not gates[rest[-1]].safe"),
+     Doctor("the 4-bit damage shows in the average too", lambda ns: ns.update(examples=[]), "assert examples"),
+     Doctor("the example's drift interval reaches the limit",
+            lambda ns: (setattr(ns["results"][MXFP4_15].drift, "kl_ci", (0.04, 0.2)),
+                        setattr(ns["results"][MXFP4_15].drift, "top1_ci", (0.85, 0.91))),
+            'results[n].drift.kl_ci[0] > GATE["max_kl"]'),
+     Doctor("a gate without its reasons", lambda ns: ns["gates"][MXFP4_15].reasons.__delitem__(slice(3, None)),
+            "len(g.reasons) >="),
+     Doctor("the knob gives another verdict", lambda ns: ns["gate_default"].__setitem__("safe", True),
+            'bool(gate_default.loc[n, "safe"])'),
+     Doctor("the baseline was not saved for lab 17", lambda ns: (ns["QUALITY_DIR"] / "baseline.json").unlink(),
+            '(QUALITY_DIR / "baseline.json").exists()'),
+     )
+def lab_15(tmp: Path) -> dict[str, Any]:
+    # Lab 15 on the cpu profile (quick plan: 16 drift texts, 8 questions per task, lengths 512 and 2,048, one haystack).
+    # The shapes of a real run: INT8 W8A8 moves KL by thousandths, MXFP4 by a tenth of a nat with one or two more
+    # wrong answers per task — inside the task average's interval.
+    from helpers import evals
+    lengths = [512, 2048]
+    base_wrong = {"arithmetic": 3, "facts": 1, "sequences": 2}
+    base = _quality("smollm2 float32", base_wrong, {512: 1.0, 2048: 0.25}, None)
+    results = {INT8_15: _quality(INT8_15, base_wrong, {512: 1.0, 2048: 0.25}, (0.004, 0.97)),
+               MXFP4_15: _quality(MXFP4_15, {**base_wrong, "arithmetic": 4, "sequences": 3}, {512: 1.0, 2048: 0.25},
+                                  (0.15, 0.82))}
+    qdir = tmp / "phase3_quality"
+    base.save(qdir / "baseline.json")
+    ns = dict(base=base, results=results, GATE=dict(GATE_15), LENGTHS=lengths, TEXTS=["t"] * 16, QUALITY_DIR=qdir,
+              evals=evals)
+    _lab15_derive(ns)
+    return ns
+
+
+
+# ================================================================================================== lab 16
+def _lab16_table(rows: list[tuple[str, int, float, float, list[float], float, float]]) -> pd.DataFrame:
+    """The lab's table from (workload, concurrency, alpha, mean length, per-position shares, TPOT base, TPOT drafted),
+    derived the lab's way."""
+    from helpers import speculative
+    out = []
+    for kind, c, alpha, mean_len, per_pos, base_tpot, tpot in rows:
+        out.append({"drafter": "n-gram, k=3", "workload": kind, "concurrency": c, "k": 3, "acceptance rate α": alpha,
+                    "mean acceptance length": mean_len,
+                    "predicted tokens/step from α": speculative.expected_tokens_per_step(alpha, 3),
+                    "TPOT baseline (ms)": base_tpot, "TPOT drafted (ms)": tpot, "measured speedup": base_tpot / tpot,
+                    "failed": 0, "per-position acceptance": per_pos, "drafts": 40.0})
+    t = pd.DataFrame(out)
+    t["verification cost (x a plain step)"] = t["mean acceptance length"] / t["measured speedup"]
+    t["counters agree"] = [abs(r["mean acceptance length"] - 1 - sum(r["per-position acceptance"])) < 0.01
+                           or r["drafts"] == 0 for _, r in t.iterrows()]
+    return t
+
+
+def _lab16_ns(rows) -> dict[str, Any]:
+    table = _lab16_table(rows)
+    t = table[table.drafter == "n-gram, k=3"].set_index(["workload", "concurrency"])
+    return dict(table=table, t=t, copy1=t.loc[("copy", 1)], open1=t.loc[("open", 1)], copyN=t.loc[("copy", 8)])
+
+
+LAB16_ROWS = [("copy", 1, 0.80, 3.55, [0.87, 0.85, 0.83], 52.0, 23.0),
+              ("open", 1, 0.20, 1.75, [0.27, 0.25, 0.23], 50.0, 44.0),
+              ("copy", 8, 0.78, 3.45, [0.85, 0.82, 0.78], 120.0, 110.0)]
+
+
+def _doctor_16(i: int, **changes):
+    def doctor(ns):
+        rows = [list(r) for r in LAB16_ROWS]
+        for k, v in changes.items():
+            rows[i][["workload", "concurrency", "alpha", "mean_len", "per_pos", "base", "tpot"].index(k)] = v
+        ns.update(_lab16_ns([tuple(r) for r in rows]))
+    return doctor
+
+
+@lab("16",
+     Doctor("a request failed", lambda ns: _set(ns["table"], 1, "failed", 1), 'table["failed"].sum() == 0'),
+     Doctor("the per-position counters disagree with the mean length", lambda ns: _set(ns["table"], 0, "counters agree", False),
+            'table["counters agree"].all()'),
+     Doctor("copy acceptance only 0.45", _doctor_16(0, alpha=0.45), 'copy1["acceptance rate α"] > 0.5'),
+     Doctor("drafting did not cut TPOT on copy", _doctor_16(0, tpot=48.0), 'copy1["measured speedup"] > 1.15'),
+     Doctor("speedup above the tokens per step", _doctor_16(0, tpot=13.0), 'copy1["measured speedup"] < 1.1'),
+     Doctor("open text sped up as much as copy", _doctor_16(1, tpot=21.0), 'open1["measured speedup"] < copy1'),
+     Doctor("the busy batch sped up as much", _doctor_16(2, tpot=50.0), 'copyN["measured speedup"] < copy1'),
+     Doctor("the formula over-predicts the mean length",
+            _doctor_16(0, mean_len=2.7, per_pos=[0.6, 0.58, 0.52], tpot=19.0), 'copy1["mean acceptance length"] >= 0.97'),
+     )
+def lab_16(tmp: Path) -> dict[str, Any]:
+    # Lab 16 on the cpu profile (quick plan: k=3, 64-token answers, 3 requests one at a time, then 8 in flight).
+    return _lab16_ns(LAB16_ROWS)
+
+
+# ================================================================================================== lab 17
+CONFIGS_17 = ["float32 baseline", "INT8 W8A8 (round to nearest)", "INT8 W8A8 (round to nearest) + n-gram, k=3"]
+
+
+def _lab17_derive(ns) -> None:
+    """Costs, the choice, the knob's default table and the deliverable, derived the lab's way from ``rows``."""
+    from helpers import artifacts, cost
+    rows, price = ns["rows"], ns["PRICE"]
+    ns["cost_rows"] = cost_rows = [cost.cost_at_slo("cpu", r["output_tokens_per_s_at_slo"], name=n,
+                                                    usd_per_hour=price.usd_per_hour)
+                                   for n, r in rows.items() if r["output_tokens_per_s_at_slo"]]
+    ns["priced"] = priced = {r.name: r.per_million_output for r in cost_rows}
+    safe = ns["safe"]
+    ns["chosen_name"] = chosen = min((n for n in CONFIGS_17 if safe[n] and n in priced), key=priced.get)
+    ns["what_if_default"] = pd.DataFrame([{"configuration": n, "$ per M output": priced[n]} for n in priced]
+                                         ).set_index("configuration")
+    def entry(n):
+        r = rows[n]
+        return {"name": n, "checkpoint": "/ckpt" if n != CONFIGS_17[0] else "llm-serving-labs/smollm2-135m-instruct",
+                "speculative": {"method": "ngram"} if "n-gram" in n else None, "max_rate_at_slo": r["max_rate_at_slo"],
+                "output_tokens_per_s_at_slo": r["output_tokens_per_s_at_slo"], "price_per_hour": price.usd_per_hour,
+                "cost_per_million_output_tokens": priced.get(n),
+                "reproduce": {"server": "python -m vllm.entrypoints.openai.api_server ...",
+                              "bench": "python -m helpers.bench run --rate 0.9 --seed 7 ..."}}
+    data = {"baseline": entry(CONFIGS_17[0]),
+            "chosen": {**entry(chosen), "gate": {"safe": True, "figures": {"drift": {"kl_ci": [0.003, 0.005]}}}}}
+    prov = {"vllm": {"version": "0.32.0"}, "device": {"description": CPU_DESCRIPTION}}
+    ns["paths"] = artifacts.write(ns["_reports"], "phase3_deployment", title="Phase 3", markdown="# Phase 3\n",
+                                  data=data, provenance=prov)
+
+
+def _probe(passed: bool, failed: int = 0):
+    return SimpleNamespace(passed=passed, run=SimpleNamespace(summary=_summary(failed=failed)))
+
+
+def _doctor_17(name: str, **changes):
+    def doctor(ns):
+        ns["rows"][name].update(changes)
+        _lab17_derive(ns)
+        ns["measured"] = pd.DataFrame(ns["rows"].values())
+    return doctor
+
+
+def _doctor_17_deliverable(change):
+    def doctor(ns):
+        data = json.loads(ns["paths"]["json"].read_text())
+        change(data)
+        ns["paths"]["json"].write_text(json.dumps(data))
+    return doctor
+
+
+@lab("17",
+     Doctor("a configuration met the SLO at no rate", _doctor_17(CONFIGS_17[2], max_rate_at_slo=None),
+            'all(r["max_rate_at_slo"] for r in rows.values())'),
+     Doctor("a passing probe had a failed request",
+            lambda ns: ns["searches"][CONFIGS_17[0]].probes.__setitem__(0, _probe(True, failed=1)),
+            "p.run.summary.failed == 0"),
+     Doctor("a cost not from the catalog price",
+            lambda ns: ns["cost_rows"].__setitem__(0, dataclasses.replace(ns["cost_rows"][0],
+                                                                      per_million_output=ns["cost_rows"][0].per_million_output * 1.01)),
+            "abs(r.per_million_output - 1e6 / r.output_tokens_per_s"),
+     Doctor("tokens/s at the SLO far from rate x tokens per answer",
+            _doctor_17(CONFIGS_17[1], output_tokens_per_s_at_slo=0.4 * 1.1 * 32),
+            '0.5 < r["output_tokens_per_s_at_slo"]'),
+     Doctor("the chosen configuration failed the gate",
+            lambda ns: ns["safe"].__setitem__(ns["chosen_name"], False),
+            "safe[chosen_name] and priced[chosen_name] == min("),
+     Doctor("B200 predicted dearer per token than H200",
+            lambda ns: ns["devices"].__setitem__("$ per M output", ns["devices"]["$ per M output"][::-1].values),
+            'devices.loc["b200 bf16", "$ per M output"]'),
+     Doctor("the knob gives another cost",
+            lambda ns: _set(ns["what_if_default"], 0, "$ per M output", ns["what_if_default"]["$ per M output"].iloc[0] * 1.01),
+            'abs(what_if_default.loc[n, "$ per M output"] - priced[n])'),
+     Doctor("the deliverable lacks the chosen price per hour",
+            _doctor_17_deliverable(lambda d: d["chosen"].pop("price_per_hour")), '"cost_per_million_output_tokens"} <= set(saved[side])'),
+     Doctor("the deliverable's cost differs from the measured one",
+            _doctor_17_deliverable(lambda d: d["baseline"].update(cost_per_million_output_tokens=1.0)),
+            'saved[side]["cost_per_million_output_tokens"] == priced'),
+     Doctor("a reproduce command that is not the harness's",
+            _doctor_17_deliverable(lambda d: d["chosen"]["reproduce"].update(bench="curl ...")),
+            'saved[side]["reproduce"]["bench"].startswith'),
+     Doctor("the deliverable's gate says not safe",
+            _doctor_17_deliverable(lambda d: d["chosen"]["gate"].update(safe=False)), 'saved["chosen"]["gate"]["safe"] is True'),
+     Doctor("the HTML deliverable is missing", lambda ns: ns["paths"]["html"].unlink(), 'paths["md"].exists()'),
+     )
+def lab_17(tmp: Path) -> dict[str, Any]:
+    # Lab 17 on the cpu profile (quick plan: 32-token edits, SLO 90% within TTFT 2,000 ms and TPOT 150 ms, $0.10/hour).
+    from helpers import cost
+    rates = {CONFIGS_17[0]: 1.0, CONFIGS_17[1]: 1.1, CONFIGS_17[2]: 1.3}
+    rows = {n: {"max_rate_at_slo": r, "output_tokens_per_s_at_slo": r * 32 * 0.97, "attainment at that rate": 0.95}
+            for n, r in rates.items()}
+    pred = []
+    for d in ("h200", "b200"):
+        r = cost.roofline_rate_at_tpot("llama-3.1-8b", d, 40.0, 2048, efficiency=0.5)
+        pred.append({"row": f"{d} bf16", "$ per M output": cost.cost_at_slo(d, r.output_tokens_per_s).per_million_output})
+    ns = dict(rows=rows, searches={n: SimpleNamespace(probes=[_probe(False), _probe(True)]) for n in CONFIGS_17},
+              PRICE=cost.price("cpu"), OUTPUT_LEN=32, safe={n: True for n in CONFIGS_17},
+              devices=pd.DataFrame(pred).set_index("row"), json=json, _reports=tmp / "reports",
+              measured=pd.DataFrame(rows.values()))
+    _lab17_derive(ns)
+    return ns
 
 
 # ================================================================================================== the tests
