@@ -1164,9 +1164,9 @@ def _cmp24(ns, row: str, column: str, value: Any) -> None:
      Doctor("the fix hit under half the prediction", lambda ns: _cmp24(ns, "fixed", "prefix-cache hit rate", 0.1),
             'b["prefix-cache hit rate"] == 0'),
      Doctor("preemptions after the fix", lambda ns: _cmp24(ns, "fixed", "preemptions", 2.0), 'f["preemptions"] == 0'),
-     Doctor("the queue no shorter after the fix", lambda ns: _cmp24(ns, "fixed", "queue mean (ms)", 5000.0),
+     Doctor("the queue no shorter after the fix", lambda ns: _cmp24(ns, "fixed", "queue mean (ms)", 50000.0),
             'f["preemptions"] == 0'),
-     Doctor("TTFT no lower after the fix", lambda ns: _cmp24(ns, "fixed", "TTFT p50 (ms)", 4000.0),
+     Doctor("TTFT no lower after the fix", lambda ns: _cmp24(ns, "fixed", "TTFT p50 (ms)", 70000.0),
             'f["TTFT p50 (ms)"] < b["TTFT p50 (ms)"]'),
      Doctor("no concurrency met the SLO", lambda ns: ns["design"].__setitem__("meets SLO", False),
             'design["meets SLO"].any()'),
@@ -1177,30 +1177,31 @@ def _cmp24(ns, row: str, column: str, value: Any) -> None:
             'data["steps"]'),
      )
 def lab_24(tmp: Path) -> dict[str, Any]:
-    # Lab 24 on the cpu profile (quick plan: 512 shared + 128 unique -> 32, 6 in flight for the doctor, 12 requests;
-    # SLO 4,000 / 250 ms), numbers of this shape: under the faults 3 requests fit the 2,304-token pool and the rest
-    # queue; after the fix the shared prefix hits.
+    # Lab 24's run on the cpu profile (quick plan: 256 shared + 64 unique -> 32, 6 in flight for the doctor, 12
+    # requests; a 1,152-token planted pool), on a 2-core machine shared with other labs' servers (hence the seconds):
+    # under the faults 2 ran and 4 waited at 75% KV usage; after the fix the prefix hit 0.733. The SLO is this run's:
+    # the brief's headroom (5.5x TTFT, 1.8x TPOT) over the single stream (628 ms, 76.9 ms).
     compare = pd.DataFrame([
-        {"deployment": "planted faults", "TTFT p50 (ms)": 2900.0, "TTFT p99 (ms)": 4600.0, "TPOT p99 (ms)": 95.0,
-         "queue mean (ms)": 2100.0, "waiting max": 3.0, "KV usage max": 1.0, "preemptions": 0.0,
-         "prefix-cache hit rate": 0.0, "output tok/s": 40.0, "failed": 0},
-        {"deployment": "fixed", "TTFT p50 (ms)": 600.0, "TTFT p99 (ms)": 1500.0, "TPOT p99 (ms)": 120.0,
-         "queue mean (ms)": 40.0, "waiting max": 0.0, "KV usage max": 0.05, "preemptions": 0.0,
-         "prefix-cache hit rate": 0.55, "output tok/s": 70.0, "failed": 0},
+        {"deployment": "planted faults", "TTFT p50 (ms)": 65322.888, "TTFT p99 (ms)": 101068.962,
+         "TPOT p99 (ms)": 1735.936, "queue mean (ms)": 48348.603, "waiting max": 4.0, "KV usage max": 0.75,
+         "preemptions": 0.0, "prefix-cache hit rate": 0.0, "output tok/s": 1.611, "failed": 0},
+        {"deployment": "fixed", "TTFT p50 (ms)": 3383.012, "TTFT p99 (ms)": 3807.893, "TPOT p99 (ms)": 468.016,
+         "queue mean (ms)": 0.041, "waiting max": 0.0, "KV usage max": 0.049, "preemptions": 0.0,
+         "prefix-cache hit rate": 0.733, "output tok/s": 13.144, "failed": 0},
     ]).set_index("deployment")
-    predicted_hit = sizing.prefix_hit_rate(256, 320, 128, 12 // 6)  # the first 6 miss together
+    predicted_hit = sizing.prefix_hit_rate(256, 320, 128, 12 // 6)  # the first 6 miss together: 0.4
     design = pd.DataFrame([
-        {"concurrency": 1, "req/s": 0.6, "output tok/s": 19.0, "TTFT p99 (ms)": 700.0, "TPOT p99 (ms)": 45.0,
+        {"concurrency": 1, "req/s": 0.33, "output tok/s": 10.62, "TTFT p99 (ms)": 997.17, "TPOT p99 (ms)": 78.89,
          "failed": 0},
-        {"concurrency": 4, "req/s": 1.6, "output tok/s": 52.0, "TTFT p99 (ms)": 1900.0, "TPOT p99 (ms)": 110.0,
+        {"concurrency": 4, "req/s": 0.958145, "output tok/s": 30.66, "TTFT p99 (ms)": 1751.29, "TPOT p99 (ms)": 109.87,
          "failed": 0}])
-    design["meets SLO"] = (design["TTFT p99 (ms)"] <= 4000.0) & (design["TPOT p99 (ms)"] <= 250.0)
+    design["meets SLO"] = (design["TTFT p99 (ms)"] <= 3470.0) & (design["TPOT p99 (ms)"] <= 140.6)
     here = SimpleNamespace(peak_rps=40.0)
-    best = pd.Series({"best concurrency": 4, "req/s per replica": 1.6, "replicas for the peak": math.ceil(40 * 1.3 / 1.6),
-                      "USD per M output tokens": 0.53})
+    best = pd.Series({"best concurrency": 4, "req/s per replica": 0.958145, "replicas for the peak": 55,
+                      "USD per M output tokens": 0.905975})
     data = {"steps": [{"step": f"{i} x"} for i in range(1, 10)],
-            "doctor_before": {"findings": [{"check": "memory.kv"}, {"check": "ttft.prefix_cache"}]}}
-    return dict(compare=compare, PLANTED=dict(_PLANTED_24), found_before={"ttft.queue", "memory.kv", "ttft.prefix_cache"},
+            "doctor_before": {"findings": [{"check": c} for c in ("ttft.queue", "ttft.prefix_cache", "memory.kv")]}}
+    return dict(compare=compare, PLANTED=dict(_PLANTED_24), found_before={"ttft.queue", "ttft.prefix_cache", "memory.kv"},
                 found_after=set(), predicted_hit=predicted_hit, design=design, best=best, HERE=here, SAFETY=1.3,
                 data=data, math=math)
 
