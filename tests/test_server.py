@@ -285,6 +285,32 @@ def test_waiters_never_take_the_same_free_slot(fake, monkeypatch):
         for s in started:
             s.stop()
 
+def test_waiters_take_free_slots_in_the_order_they_came(fake, monkeypatch):
+    """First come, first served: a waiter is not overtaken by one that came later, nor by a newcomer that finds the
+    slot free the moment it frees (measured here before tickets: a lab waited 15 minutes while newer starts from
+    other notebooks took every slot that freed)."""
+    monkeypatch.setenv("LABS_MAX_SERVERS", "1")
+    first = fake().start()
+    order = []
+
+    def wait_and_start(name):
+        srv = fake(wait_for_slot_s=20).start()
+        order.append(name)
+        time.sleep(1.0)
+        srv.stop()
+
+    early = threading.Thread(target=wait_and_start, args=("early",))
+    early.start()
+    time.sleep(1.0)
+    late = threading.Thread(target=wait_and_start, args=("late",))
+    late.start()
+    time.sleep(1.0)
+    first.stop()
+    early.join(30)
+    late.join(30)
+    assert order == ["early", "late"], order
+
+
 def test_reuse_parks_and_adopts_same_arguments_only(fake):
     a = fake(reuse=True, engine_args={"max_model_len": 2048})
     a.start()

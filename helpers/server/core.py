@@ -11,11 +11,13 @@ import json
 import os
 import shlex
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import httpx
+import psutil
 
 from .. import metrics as _metrics
 from .. import models as _models
@@ -61,6 +63,37 @@ def _slot_lock():
             yield
         finally:
             fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _tickets() -> Path:
+    return settings.state_dir() / "server-waiters"
+
+
+def _take_ticket() -> Path:
+    """A waiter's place in line (first come, first served): a file named by when it started waiting and its PID."""
+    folder = _tickets()
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{time.time_ns()}-{os.getpid()}-{threading.get_ident()}"
+    path.touch()
+    return path
+
+
+def _tickets_ahead(ticket: Path | None) -> int:
+    """Live waiters that started waiting before ``ticket`` (every waiter, when this process is not waiting yet).
+    A ticket whose process died is removed."""
+    folder, ahead = _tickets(), 0
+    for path in sorted(folder.iterdir()) if folder.is_dir() else []:
+        if ticket is not None and path.name >= ticket.name:
+            break
+        try:
+            pid = int(path.name.split("-")[1])
+        except (IndexError, ValueError):
+            continue
+        if psutil.pid_exists(pid):
+            ahead += 1
+        else:
+            path.unlink(missing_ok=True)
+    return ahead
 
 
 class Server:
@@ -197,30 +230,38 @@ class Server:
         deadline = time.monotonic() + (settings.wait_for_slot_s() if self.wait_for_slot_s is None
                                        else self.wait_for_slot_s)
         told = False
-        while True:
-            with _slot_lock():
-                running = [r for r in procs.records(KIND) if r.alive]
-                if len(running) >= limit and self.make_room:
-                    parked = [r for r in running if r.parked and r.session == settings.session()]
-                    parked.sort(key=lambda r: (int(r.meta.get("uses", 1)), -float(r.meta.get("parked_at", 0.0))))
-                    for rec in parked:
-                        procs.kill_tree(rec.pid, rec.create_time)
-                        rec.remove()
-                        running.remove(rec)
-                        if len(running) < limit:
-                            break
-                if len(running) < limit:
-                    if then is not None:
-                        then()
-                    return
-            if time.monotonic() >= deadline:
-                break
-            if not told:
-                print(f"{len(running)} vLLM servers are running (the limit is {limit}): waiting for one to stop...",
-                      file=sys.stderr)
-                told = True
-            time.sleep(2.0)
-            procs.reap(verbose=False)
+        ticket: Path | None = None
+        try:
+            while True:
+                with _slot_lock():
+                    running = [r for r in procs.records(KIND) if r.alive]
+                    ahead = _tickets_ahead(ticket)
+                    if ticket is None and len(running) + ahead >= limit:
+                        ticket = _take_ticket()  # the newest: the same waiters are still ahead of it
+                    if len(running) + ahead >= limit and self.make_room:
+                        parked = [r for r in running if r.parked and r.session == settings.session()]
+                        parked.sort(key=lambda r: (int(r.meta.get("uses", 1)), -float(r.meta.get("parked_at", 0.0))))
+                        for rec in parked:
+                            procs.kill_tree(rec.pid, rec.create_time)
+                            rec.remove()
+                            running.remove(rec)
+                            if len(running) + ahead < limit:
+                                break
+                    if len(running) + ahead < limit:  # a slot is free for every earlier waiter, and one for us
+                        if then is not None:
+                            then()
+                        return
+                if time.monotonic() >= deadline:
+                    break
+                if not told:
+                    print(f"{len(running)} vLLM servers are running (the limit is {limit}): waiting for one to stop"
+                          f"{f' ({ahead} waiting before this one)' if ahead else ''}...", file=sys.stderr)
+                    told = True
+                time.sleep(2.0)
+                procs.reap(verbose=False)
+        finally:
+            if ticket is not None:
+                ticket.unlink(missing_ok=True)
         names = "\n  ".join(r.describe() for r in running)
         raise TooManyServers(
             f"{len(running)} vLLM servers are already running (this machine allows {limit}):\n  {names}\n"
