@@ -440,11 +440,13 @@ def _lab17(p: runtime.Profile, quick: bool) -> dict[str, Any]:
     served, _ = _spec_configs(p, k)
     quant = next(iter(_quant_candidates(p, True).items()))  # the first candidate: the format this device runs fast
     out, probe_s = (32, 12.0) if quick else (64, 30.0)
-    # CPU: a shared 2-core machine's TPOT at 1 request is 50-80 ms and triples when neighbours run (measured here).
-    slo = {"ttft_ms": 3000, "tpot_ms": 250} if not _gpu(p) else {"ttft_ms": 500, "tpot_ms": 40}
+    # CPU: a 2-core machine's TPOT at 1 request is 50-80 ms alone and reached 250-300 ms with neighbours' servers
+    # running (measured here): the SLO must hold on a shared CI runner too.
+    slo = {"ttft_ms": 5000, "tpot_ms": 500} if not _gpu(p) else {"ttft_ms": 500, "tpot_ms": 40}
     return {"max_model_len": p.max_model_len, "max_request_tokens": 256 + out,
             "min_gpu_memory_utilization": p.utilization if _gpu(p) else None, "min_run_s": probe_s,
-            "values": {"output_len": out, "probe_s": probe_s, "search_runs": 4 if quick else 6, "slo": slo,
+            "values": {"input_len": 128 if quick else 256, "output_len": out, "probe_s": probe_s,
+                       "search_runs": 4 if quick else 6, "slo": slo,
                        "attainment": 0.9, "start_rate": 0.5 if not _gpu(p) else 8.0,
                        "quantized": {"name": quant[0], **quant[1]},
                        "speculative": {"name": next(iter(served)), **next(iter(served.values()))},
