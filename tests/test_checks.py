@@ -1142,6 +1142,181 @@ def lab_19(tmp: Path) -> dict[str, Any]:
                 EP_SIZES=eps, experts=experts, knob_view=knob_view, checked=checked)
 
 
+# ================================================================================================== labs 20-21
+def _kv_run(n: int, input_tokens: int, output_tokens: int, ttft_ms: float) -> RunResult:
+    return RunResult(records=_records(n, rate=0.5, ttft_ms=ttft_ms, tpot_ms=60.0, output_tokens=output_tokens,
+                                      input_tokens=input_tokens), summary=_summary(completed=n))
+
+
+@lab("20",
+     Doctor("a P/D request failed", lambda ns: setattr(ns["runs"][("P/D", 256)].summary, "failed", 1),
+            "all(r.summary.failed == 0"),
+     Doctor("P/D returned fewer tokens than asked", lambda ns: setattr(ns["pd_records"][0], "output_tokens", 15),
+            "[r.output_tokens for r in pd_records]"),
+     Doctor("the decode server computed a block it should have loaded", lambda ns: ns.update(loaded=ns["loaded"] - 128),
+            "loaded == expected_loaded"),
+     Doctor("a prompt's KV was never saved", lambda ns: ns["store"].update(prompts=ns["store"]["prompts"] - 1),
+            'store["prompts"] =='),
+     Doctor("the store holds 5% more bytes than the KV predicted",
+            lambda ns: ns["store"].update(bytes=int(ns["store"]["bytes"] * 1.05)), 'abs(store["bytes"]'),
+     Doctor("P/D was no slower than one server here", lambda ns: _set(ns["wide"], 0, "P/D overhead (ms)", -5.0),
+            '(wide["P/D overhead (ms)"] > 0)'),
+     Doctor("the knob disagrees with the link arithmetic",
+            lambda ns: ns["knob_view"].__setitem__("transfer / prefill", ns["knob_view"]["transfer / prefill"] + 0.001),
+            'row["transfer / prefill"] =='),
+     )
+def lab_20(tmp: Path) -> dict[str, Any]:
+    # Lab 20 on the cpu profile (quick plan: prompts of 256 and 1,024 tokens, 2 each, 16 output tokens; smollm2 in
+    # float32: 92,160 KV bytes per token; blocks of 128). Files carry a small safetensors header each.
+    from helpers.fleet import kvstore
+
+    block, per_token, lengths, repeats, out = 128, 92160, [256, 1024], 2, 16
+    runs = {}
+    for n, pd_ms, one_ms in ((256, 900.0, 350.0), (1024, 2600.0, 1300.0)):
+        runs[("P/D", n)] = _kv_run(repeats, n, out, pd_ms)
+        runs[("one server", n)] = _kv_run(repeats, n, out, one_ms)
+    pd_records = [r for n in lengths for r in runs[("P/D", n)].records]
+    expected_loaded = sum(kvstore.injected_tokens(r.input_tokens, block) for r in pd_records)
+    expected_saved = sum(kvstore.stored_tokens(r.input_tokens, block) for r in pd_records) * per_token
+    one_saved = sum(kvstore.stored_tokens(r.input_tokens, block) * per_token for n in lengths
+                    for r in runs[("one server", n)].records)
+    store = {"prompts": 8, "files": 8 * 30, "bytes": expected_saved + one_saved + 8 * 30 * 120}
+    wide = pd.DataFrame({"P/D": [900.0, 2600.0], "one server": [350.0, 1300.0]}, index=lengths)
+    wide["P/D overhead (ms)"] = wide["P/D"] - wide["one server"]
+    cards = ["h100", "h200", "b200", "a100", "l4"]
+    big = sizing.load_config("llama-3.1-8b")
+    links = ["nvlink4", "pcie5", "ib_ndr", "ethernet_100g"]
+    compute = sizing.prefill_time(big, sizing.HARDWARE[cards[0]], 8192).time
+    knob_view = pd.DataFrame([{"link": sizing.LINKS[k].name, "transfer / prefill": round(
+        sizing.transfer_time(big, 8192, sizing.LINKS[k]) / compute, 4)} for k in links])
+    return dict(runs=runs, pd_records=pd_records, PLAN={"output_len": out, "links": links}, loaded=float(expected_loaded),
+                expected_loaded=expected_loaded, store=store, REPEATS=repeats, PROMPT_LENGTHS=lengths,
+                expected_saved=expected_saved, kvstore=kvstore, block=block, per_token=per_token, wide=wide,
+                sizing=sizing, knob_view=knob_view, CARDS=cards)
+
+
+_HITS_21 = {("no tier", "cold"): (0.0, 0.0), ("no tier", "warm"): (1792.0, 0.0), ("no tier", "flush"): (0.0, 0.0),
+            ("no tier", "after eviction"): (0.0, 0.0), ("disk tier", "cold"): (0.0, 0.0),
+            ("disk tier", "warm"): (1792.0, 0.0), ("disk tier", "flush"): (0.0, 0.0),
+            ("disk tier", "after eviction"): (0.0, 1792.0)}
+
+
+@lab("21",
+     Doctor("a request failed", lambda ns: _set(ns["table"], 0, "failed", 1), '(table["failed"] == 0).all()'),
+     Doctor("the warm visit missed the KV cache", lambda ns: ns["hits"][("no tier", "warm")].update(device=0.0),
+            'hits[(name, "warm")]["device"]'),
+     Doctor("the flush did not evict the reused prompts",
+            lambda ns: ns["hits"][("disk tier", "after eviction")].update(device=896.0),
+            'hits[(name, "after eviction")]["device"] == 0'),
+     Doctor("the tier handed back a block less than predicted",
+            lambda ns: ns["hits"][("disk tier", "after eviction")].update(disk=1664.0),
+            'hits[("disk tier", "after eviction")]["disk"] == predicted_disk'),
+     Doctor("the server without a tier loaded from disk",
+            lambda ns: ns["hits"][("no tier", "after eviction")].update(disk=128.0),
+            'hits[("no tier", "after eviction")]["disk"] == 0'),
+     Doctor("loading from disk was slower than recomputing", lambda ns: ns.update(load_s=ns["recompute_s"] * 1.2),
+            "load_s < recompute_s"),
+     Doctor("the break-even is not where both TTFTs agree", lambda ns: ns.update(break_even=ns["break_even"] + 0.05),
+            "break_even is not None and abs(kvstore.tiered_ttft("),
+     Doctor("the knob disagrees with the arithmetic",
+            lambda ns: _set(ns["knob_view"], 0, "expected TTFT here at this hit rate (ms)",
+                            ns["knob_view"]["expected TTFT here at this hit rate (ms)"].iloc[0] + 1.0),
+            'knob_view["expected TTFT here at this hit rate (ms)"]'),
+     )
+def lab_21(tmp: Path) -> dict[str, Any]:
+    # Lab 21 on the cpu profile (quick plan: 2 reused prompts of 1,024 tokens, 5 flush prompts, a 3,840-token cache
+    # per server, blocks of 128): 896 tokens per prompt come back from disk; TTFTs of the shape measured in
+    # ../shared/notes/phase4-fleet-findings.md (a reused prompt after eviction: ~108 ms from disk, ~563 ms recomputed).
+    from helpers.fleet import kvstore
+
+    block, prompt, repeats = 128, 1024, 2
+    hits = {k: {"device": d, "disk": e} for k, (d, e) in _HITS_21.items()}
+    ttft = {("no tier", "cold"): 600.0, ("no tier", "warm"): 90.0, ("no tier", "flush"): 610.0,
+            ("no tier", "after eviction"): 590.0, ("disk tier", "cold"): 680.0, ("disk tier", "warm"): 95.0,
+            ("disk tier", "flush"): 690.0, ("disk tier", "after eviction"): 140.0}
+    table = pd.DataFrame([{"server": s, "visit": v, "TTFT p50 (ms)": t, "failed": 0,
+                           "device hits": hits[(s, v)]["device"], "disk hits": hits[(s, v)]["disk"]}
+                          for (s, v), t in ttft.items()])
+    recompute_s, load_s = 0.590, 0.140
+    overhead_s = 0.080
+    knob_view = pd.DataFrame([{"tier": "x", "expected TTFT here at this hit rate (ms)": round(
+        kvstore.tiered_ttft(0.5, load_s, recompute_s, overhead_s) * 1e3, 3)}])
+    return dict(table=table, servers={"no tier": None, "disk tier": None}, hits=hits, REPEATS=repeats, block=block,
+                PROMPT=prompt, predicted_disk=repeats * kvstore.injected_tokens(prompt, block), load_s=load_s,
+                recompute_s=recompute_s, overhead_s=overhead_s,
+                break_even=kvstore.break_even_hit_rate(load_s, recompute_s, overhead_s), kvstore=kvstore,
+                knob_view=knob_view)
+
+
+# ================================================================================================== lab 23
+def _doctor_empty_panel(ns):
+    first = next(q.expr for p in ns["specs"] for q in p.queries if "router" not in p.title)
+    ns["results"][first] = {"data": {"result": []}}
+
+
+@lab("23",
+     Doctor("promtool rejected a rule", lambda ns: ns["promtool"].append(SimpleNamespace(ok=False)),
+            "all(r.ok for r in promtool)"),
+     Doctor("the calm phase missed the SLO", lambda ns: _set(ns["users"], 0, "attainment", 0.8),
+            '(calm_windows["attainment"] >= 0.99)'),
+     Doctor("the overload never broke the SLO", lambda ns: ns["timeline"].before_fix.update(ttft_p99_ms=1500.0),
+            'timeline.before_fix["ttft_p99_ms"] > TTFT_P99_MS'),
+     Doctor("the queue grew three times past the fluid model", lambda ns: ns.update(queue_peak=3 * ns["predicted_peak"]),
+            "0.5 <= queue_peak / predicted_peak <= 2.0"),
+     Doctor("the queue alert fired only after the overload",
+            lambda ns: ns["timeline"].alerts["VllmQueueBuilding"].update(firing_s=41.0),
+            "q_fired is not None and overload_start <= q_fired <= overload_end"),
+     Doctor("a burn-rate alert fired before the queue alert",
+            lambda ns: ns["timeline"].alerts["VllmTTFTBudgetBurn1m"].update(firing_s=20.0),
+            "all(q_fired < b for b in burns)"),
+     Doctor("a dashboard panel returned nothing", _doctor_empty_panel, "an empty panel"),
+     Doctor("the fix did not bring p99 TTFT under the target",
+            lambda ns: ns["timeline"].after_fix.update(ttft_p99_ms=2500.0), 'timeline.after_fix["ttft_p99_ms"] <='),
+     Doctor("the fix's difference does not exclude zero", lambda ns: setattr(ns["gain"], "differ", False),
+            'timeline.after_fix["ttft_p99_ms"] <='),
+     Doctor("the knob disagrees with the fluid model",
+            lambda ns: _set(ns["knob_view"], 0, "peak backlog", ns["knob_view"]["peak backlog"].iloc[0] + 0.01),
+            'knob_view.set_index("replicas")'),
+     Doctor("the deliverable lost the routing half",
+            lambda ns: ns["written"]["json"].write_text(json.dumps({"autoscaling": {}, "observability": {}})),
+            'set(json.loads(written["json"].read_text()))'),
+     )
+def lab_23(tmp: Path) -> dict[str, Any]:
+    # Lab 23 on the cpu profile (quick plan: calm 15 s at 0.5 x capacity, overload 25 s at 1.6 x, recovery 15 s; SLO
+    # 2,000 ms p99 TTFT; queue alert at 2 waiting for 5 s; burn windows 1m/15s and 2m/30s). Capacity and queue of the
+    # shape measured here: 1.06 req/s, a recorded peak of 9 waiting against the fluid model's.
+    from helpers.fleet import observability, postmortem
+
+    capacity, calm_s, over_s = 1.06, 15.0, 25.0
+    load = bench.Steps(((calm_s, 0.5 * capacity), (over_s, 1.6 * capacity), (15.0, 0.5 * capacity)))
+    predicted_peak = float(postmortem.fluid_queue(load, capacity)["backlog"].max())
+    overload_start, overload_end = load.boundaries()[1], load.boundaries()[2]
+    slo = observability.SLO(ttft_p99_ms=2000.0, tpot_p99_ms=250.0, queue_threshold=2)
+    burn = [observability.BurnWindow("1m", "15s", 14.4, "page", "5s"), observability.BurnWindow("2m", "30s", 6.0, "ticket", "10s")]
+    specs = observability.panels(slo, window="30s", rate_window="30s", burn_windows=burn)
+    results = {q.expr: {"data": {"result": [{"value": [0, "1"]}]}} for p in specs for q in p.queries}
+    timeline = postmortem.Timeline(
+        overload_start_s=overload_start, overload_end_s=overload_end, capacity_rps=capacity,
+        offered_peak_rps=1.6 * capacity, first_breach_s=24.0,
+        alerts={"VllmQueueBuilding": {"pending_s": 22.0, "firing_s": 27.0},
+                "VllmTTFTBudgetBurn1m": {"pending_s": 30.0, "firing_s": 35.0},
+                "VllmTTFTBudgetBurn2m": {"pending_s": 33.0, "firing_s": None}},
+        before_fix={"ttft_p99_ms": 8276.0, "attainment": 0.37, "queue_peak": 9.0, "requests": 27},
+        after_fix={"ttft_p99_ms": 1400.0, "attainment": 1.0, "queue_peak": 0.0, "requests": 27})
+    users = pd.DataFrame({"window_s": [0.0, 5.0, 10.0, 15.0, 20.0], "requests": [3, 2, 3, 8, 9],
+                          "ttft_p99_ms": [600.0, 650.0, 610.0, 1900.0, 5200.0], "attainment": [1.0, 1.0, 1.0, 1.0, 0.4]})
+    knob_view = pd.DataFrame([{"overload": 1.6, "seconds": over_s, "replicas": r, "peak backlog": round(float(
+        postmortem.fluid_queue(load, capacity, r)["backlog"].max()), 2)} for r in (1, 2)])
+    written = {"json": tmp / "results.json"}
+    written["json"].write_text(json.dumps({"routing": {}, "autoscaling": {}, "observability": {}, "files": []}))
+    return dict(promtool=[SimpleNamespace(ok=True), SimpleNamespace(ok=True)], before=_run(completed=40),
+                after=_run(completed=40), users=users, PLAN={"slo_window_s": 5.0}, overload_start=overload_start,
+                overload_end=overload_end, timeline=timeline, TTFT_P99_MS=2000.0, queue_peak=9.0,
+                predicted_peak=predicted_peak, queue_alert="VllmQueueBuilding", alerts=timeline.alerts,
+                burn_alerts=["VllmTTFTBudgetBurn1m", "VllmTTFTBudgetBurn2m"], results=results, specs=specs,
+                gain=SimpleNamespace(differ=True, diff=-6800.0), knob_view=knob_view, written=written, json=json)
+
+
 # ================================================================================================== lab 24
 _PLANTED_24 = {"memory.kv": "a KV pool just over one request", "ttft.prefix_cache": "prefix caching off"}
 
