@@ -15,7 +15,6 @@ copy, not the original bf16 release, and must never shadow it in a learner's cac
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import importlib.util
 import json
@@ -63,15 +62,6 @@ def find_gguf() -> Path:
     return path
 
 
-@contextlib.contextmanager
-def _lock(path: Path):
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def _repo_dir(repo_id: str) -> Path:
@@ -130,7 +120,7 @@ def default_model(force: bool = False, quiet: bool = False) -> Path:
     snapshot = repo / "snapshots" / rev
     if not force and _complete(snapshot) and (repo / "refs" / "main").is_file():
         return snapshot
-    with _lock(settings.cache_dir() / ".default-model.lock"):
+    with settings.file_lock(settings.cache_dir() / ".default-model.lock"):
         if force or not _complete(snapshot):
             if not quiet:
                 print(f"converting {gguf.name} -> {DEFAULT_ID} in {settings.hub_cache_dir()} "
@@ -175,7 +165,7 @@ def random_checkpoint(config: dict, name: str | None = None, seed: int = 0, dtyp
     out = settings.cache_dir() / "models" / f"random-{name or cfg.get('model_type', 'model')}-{digest}"
     if (out / "model.safetensors").is_file() or (out / "model.safetensors.index.json").is_file():
         return out
-    with _lock(out.parent / f".{out.name}.lock"):
+    with settings.file_lock(out.parent / f".{out.name}.lock"):
         if (out / "model.safetensors").is_file():
             return out
         import torch

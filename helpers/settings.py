@@ -15,14 +15,17 @@ This module is a leaf: it imports nothing from ``helpers``.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 import sys
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+from typing import Iterator
 
 __all__ = [
+    "file_lock",
     "FLAGS", "Flag", "flag", "enabled", "quick", "headless", "session", "reuse_server", "max_processes",
     "keep_server_on_error", "profile_name", "cpu_dtype", "repo_root", "data_dir", "cache_dir", "hub_cache_dir",
     "reports_dir", "runs_dir", "state_dir", "log_dir", "describe",
@@ -297,3 +300,22 @@ def describe() -> str:
 if __name__ == "__main__":
     print(describe())
     sys.exit(0)
+
+
+@contextlib.contextmanager
+def file_lock(path: str | os.PathLike) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``path`` (created with its folder if missing) for the ``with`` block: how
+    processes of this project take turns (the model conversion, a quantized build, a server slot).
+
+    Introduced in lab 01 (One GPU, One Model).
+    """
+    import fcntl
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)

@@ -13,7 +13,6 @@ memory, an exception — leaves no folder under the final name, and the next bui
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import json
 import os
@@ -21,7 +20,7 @@ import shutil
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 from .. import settings
 
@@ -95,15 +94,6 @@ def dir_bytes(path: Path) -> tuple[int, int]:
     return sum(p.stat().st_size for p in files), sum(p.stat().st_size for p in files if p.suffix == ".safetensors")
 
 
-@contextlib.contextmanager
-def _lock(path: Path) -> Iterator[None]:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def file_digest(path: Path) -> str:
@@ -124,7 +114,7 @@ def file_digest(path: Path) -> str:
     with open(real, "rb") as fh:
         for chunk in iter(lambda: fh.read(1 << 22), b""):
             h.update(chunk)
-    with _lock(memo_path.with_suffix(".lock")):
+    with settings.file_lock(memo_path.with_suffix(".lock")):
         with contextlib.suppress(FileNotFoundError, ValueError):
             memo = json.loads(memo_path.read_text())
         memo[key] = h.hexdigest()
@@ -175,7 +165,7 @@ def build_once(name: str, key: str, make: Callable[[Path], dict[str, Any]], *, k
     for other in final.parent.glob(f"*-{key}"):  # the same inputs under another name (a model named by its path)
         if (other / METADATA).is_file():
             return Checkpoint.load(other)
-    with _lock(final.parent / f".{final.name}.lock"):
+    with settings.file_lock(final.parent / f".{final.name}.lock"):
         if (final / METADATA).is_file():
             return Checkpoint.load(final)
         for stale in final.parent.glob(f".tmp-{final.name}-*"):  # a build that died; we hold the lock

@@ -49,20 +49,9 @@ def _key_digest(api_key: str | None) -> str:
 
 
 
-@contextlib.contextmanager
 def _slot_lock():
-    """An exclusive lock on the machine's server slots (a file in the process-state folder), held for a count and a
-    spawn — never while waiting."""
-    import fcntl
-
-    path = settings.state_dir() / "server-slots.lock"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
+    """The machine's server slots: one exclusive lock held for a count and a spawn — never while waiting."""
+    return settings.file_lock(settings.state_dir() / "server-slots.lock")
 
 
 def _tickets() -> Path:
