@@ -1439,8 +1439,8 @@ def _grids12(column: str, value: Any):
      )
 def lab_12(tmp: Path) -> dict[str, Any]:
     # Lab 12 on the cpu profile (quick plan) on an AVX2 machine, except the FP8 KV cache, shown served (as an
-    # AVX-512 CPU or a GPU does) so that its assert runs. SQNRs and drift from that run; capacities from
-    # sizing.vllm_kv_capacity on SmolLM2 in float32 (161 blocks of 128 tokens, as vLLM made them there).
+    # AVX-512 CPU or a GPU does) so that its assert runs. SQNRs and drift from that run (E5M2 / E4M3 KL 3.3x);
+    # capacities from sizing.vllm_kv_capacity on SmolLM2 in float32 (161 blocks of 128 tokens).
     grids = pd.DataFrame([
         {"format": "fp8_e4m3", "finite values": 253, "largest": 448.0, "same as torch's dtype": True,
          "same as quant.grid": True},
@@ -1453,9 +1453,9 @@ def lab_12(tmp: Path) -> dict[str, Any]:
         "FP8 E4M3 weights (fake-quantized)": {"KL (nats/token)": 0.0185, "KL 95% CI": (0.0168, 0.0200),
                                               "top-1 agreement": 0.917, "top-1 95% CI": (0.896, 0.937), "positions": 824,
                                               "greedy tokens before first difference": 17.25},
-        "FP8 E5M2 weights (fake-quantized)": {"KL (nats/token)": 0.0700, "KL 95% CI": (0.0640, 0.0760),
-                                              "top-1 agreement": 0.850, "top-1 95% CI": (0.820, 0.880), "positions": 824,
-                                              "greedy tokens before first difference": 9.0}}).T
+        "FP8 E5M2 weights (fake-quantized)": {"KL (nats/token)": 0.0603, "KL 95% CI": (0.0556, 0.0650),
+                                              "top-1 agreement": 0.841, "top-1 95% CI": (0.824, 0.860), "positions": 824,
+                                              "greedy tokens before first difference": 6.75}}).T
     cfg = sizing.load_config(SMOLLM2, dtype="float32")
     pool = 161 * 128 * sizing.kv_bytes_per_token(cfg)
     caps = {kv: sizing.vllm_kv_capacity(cfg, pool, 128, 8192, kv_dtype=kv) for kv in ("auto", "fp8")}
