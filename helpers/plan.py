@@ -350,10 +350,12 @@ def _lab14(p: runtime.Profile, quick: bool) -> dict[str, Any]:
     # 4-bit algorithms on the first 3 decoder layers (both quantize the same layers; the rest stays as it is).
     first = {"first_layers": 3} if not _gpu(p) else {}
     configs = {"W8A8 INT8 (round to nearest)": {"recipe": "w8a8-rtn"},
+               "INT8 weights only (W8A8's weights, dequantized)": {"recipe": "w8a8-rtn", "dequantize": True},
                "W4A16 GPTQ, group 64": {"recipe": "w4a16-gptq-g64", **first},
                "W4A16 round to nearest, group 64": {"recipe": "w4a16-rtn-g64", **first}}
     if not quick:
-        configs.update({"W4A16 GPTQ without act-order, group 64": {"recipe": "w4a16-gptq-noact-g64", **first},
+        configs.update({"W8A8 INT8 (SmoothQuant + GPTQ)": {"recipe": "w8a8-sq-gptq"},
+                        "W4A16 GPTQ without act-order, group 64": {"recipe": "w4a16-gptq-noact-g64", **first},
                         "INT4 round to nearest, per channel": {"fake": "int4", "granularity": "channel", **first}})
     return {"max_model_len": p.max_model_len, "max_request_tokens": 128 + 64,
             "min_gpu_memory_utilization": p.utilization if _gpu(p) else None, "min_run_s": 0.0,

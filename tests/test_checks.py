@@ -1517,8 +1517,9 @@ def lab_13(tmp: Path) -> dict[str, Any]:
                 pivot=pivot, drift_table=drift_table, knob_view=knob_view)
 
 
-W8_14, GPTQ_14, RTN_14, PERCH_14 = ("W8A8 INT8 (round to nearest)", "W4A16 GPTQ, group 64",
-                                    "W4A16 round to nearest, group 64", "INT4 round to nearest, per channel")
+W8_14, W8W_14, GPTQ_14, RTN_14, PERCH_14 = ("W8A8 INT8 (round to nearest)", "INT8 weights only (W8A8's weights, dequantized)",
+                                            "W4A16 GPTQ, group 64", "W4A16 round to nearest, group 64",
+                                            "INT4 round to nearest, per channel")
 
 
 def _table14(ns, row: str, column: str, value: Any) -> None:
@@ -1531,9 +1532,11 @@ def _table14(ns, row: str, column: str, value: Any) -> None:
             '(sizes["measured / predicted"] - 1).abs() < 0.01'),
      Doctor("W8A8 was served dequantized", lambda ns: _table14(ns, W8_14, "served as", "dequantized"),
             'w8["served as"] == "compressed-tensors"'),
-     Doctor("W8A8 changed the top-1 token at 10% of positions", lambda ns: _table14(ns, W8_14, "top-1 agreement", 0.90),
-            'w8["top-1 agreement"] >= 0.95'),
-     Doctor("GPTQ drifted as much as round-to-nearest", lambda ns: _table14(ns, GPTQ_14, "KL (nats/token)", 0.031),
+     Doctor("INT8 weights alone drifted by 0.02 nats/token", lambda ns: _table14(ns, W8W_14, "KL (nats/token)", 0.02),
+            'w8w["KL (nats/token)"] < 0.01'),
+     Doctor("W8A8's activations cost nothing beyond its weights", lambda ns: _table14(ns, W8_14, "KL (nats/token)", 0.005),
+            'w8["KL (nats/token)"] > 3 * w8w["KL (nats/token)"]'),
+     Doctor("GPTQ drifted as much as round-to-nearest", lambda ns: _table14(ns, GPTQ_14, "KL (nats/token)", 0.07),
             'table.loc["W4A16 GPTQ, group 64", "KL (nats/token)"] <'),
      Doctor("per-channel INT4 drifted less than groups of 64",
             lambda ns: _table14(ns, PERCH_14, "KL (nats/token)", 0.01),
@@ -1544,19 +1547,22 @@ def _table14(ns, row: str, column: str, value: Any) -> None:
 def lab_14(tmp: Path) -> dict[str, Any]:
     # Lab 14 on the cpu profile (full plan's shape, so that the per-channel assert runs) on an AVX2 machine: W8A8 on
     # CPUInt8ScaledMMLinearKernel, the 4-bit checkpoints dequantized (no INT4 kernel without AVX-512). Sizes as the
-    # checkpoints built there; drift of the same shape as measured.
-    recipes = {W8_14: "w8a8-rtn", GPTQ_14: "w4a16-gptq-g64-layers0-2", RTN_14: "w4a16-rtn-g64-layers0-2"}
+    # checkpoints built there; drift as transformers computes it on the same checkpoints and texts (which matched
+    # vLLM's served drift for lab 12's E4M3 to 0.001 nats); per-channel INT4 of the same shape.
+    recipes = {W8_14: "w8a8-rtn", W8W_14: "w8a8-rtn", GPTQ_14: "w4a16-gptq-g64-layers0-2",
+               RTN_14: "w4a16-rtn-g64-layers0-2"}
     built = {k: SimpleNamespace(weight_bytes=b) for k, b in
-             zip(recipes, (163226688, 253471904, 253471904))}
+             zip(recipes, (163226688, 163226688, 253471904, 253471904))}
     sizes = pd.DataFrame([{"configuration": k, "predicted MB": p, "measured MB": m, "measured / predicted": m / p}
-                          for k, p, m in zip(recipes, (163.1727, 253.4369, 253.4369), (163.2267, 253.4719, 253.4719))]
-                         ).set_index("configuration")
+                          for k, p, m in zip(recipes, (163.1727, 163.1727, 253.4369, 253.4369),
+                                             (163.2267, 163.2267, 253.4719, 253.4719))]).set_index("configuration")
     row = lambda kind, kernel, kl, top1: {"served as": kind, "kernel": kernel, "TPOT p50 (ms)": 60.0,  # noqa: E731
                                           "KL (nats/token)": kl, "top-1 agreement": top1}
     table = pd.DataFrame({"baseline": row("float32", "-", 0.0, 1.0),
-                          W8_14: row("compressed-tensors", "CPUInt8ScaledMMLinearKernel", 0.0042, 0.975),
-                          GPTQ_14: row("dequantized", "-", 0.0180, 0.955),
-                          RTN_14: row("dequantized", "-", 0.0300, 0.94),
+                          W8_14: row("compressed-tensors", "CPUInt8ScaledMMLinearKernel", 0.0436, 0.871),
+                          W8W_14: row("dequantized", "-", 0.0038, 0.960),
+                          GPTQ_14: row("dequantized", "-", 0.0134, 0.939),
+                          RTN_14: row("dequantized", "-", 0.0620, 0.862),
                           PERCH_14: row("fake-quantized", "-", 0.2100, 0.80)}).T
     knob_view = table.loc[[W8_14], ["served as", "TPOT p50 (ms)", "KL (nats/token)", "top-1 agreement"]]
     return dict(recipes=recipes, built=built, sizes=sizes, table=table, knob_view=knob_view)
