@@ -58,6 +58,10 @@ LINKS: dict[str, Link] = {
     "pcie5": Link("PCIe 5.0 x16", 64 * GB, 10e-6, "PCI-SIG: 32 GT/s x16 ~ 64 GB/s per direction"),
     "ib_ndr": Link("InfiniBand NDR (400 Gb/s)", 50 * GB, 5e-6, "one 400 Gb/s NIC per GPU"),
     "ethernet_100g": Link("Ethernet 100 Gb/s", 12.5 * GB, 20e-6, "one 100 Gb/s NIC"),
+    # Tiers below the KV cache (lab 21): where a GPU's evicted KV can live, and what reading it back costs.
+    "nvme_gen4": Link("local NVMe SSD (PCIe 4)", 7 * GB, 100e-6, "Samsung 990 PRO datasheet: 7,450 MB/s sequential read"),
+    "object_store": Link("object storage (25 Gb/s NIC)", 3.1 * GB, 30e-3,
+                         "a 25 GbE NIC; S3-class first-byte latency is typically tens of ms"),
 }
 
 
