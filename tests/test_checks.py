@@ -1167,10 +1167,10 @@ def _kv_run(n: int, input_tokens: int, output_tokens: int, ttft_ms: float) -> Ru
      )
 def lab_20(tmp: Path) -> dict[str, Any]:
     # Lab 20 on the cpu profile (quick plan: prompts of 256 and 1,024 tokens, 2 each, 16 output tokens; smollm2 in
-    # float32: 92,160 KV bytes per token; blocks of 128). Files carry a small safetensors header each.
+    # float32: 46,080 KV bytes per token; blocks of 128). Files carry a small safetensors header each.
     from helpers.fleet import kvstore
 
-    block, per_token, lengths, repeats, out = 128, 92160, [256, 1024], 2, 16
+    block, per_token, lengths, repeats, out = 128, 46080, [256, 1024], 2, 16
     runs = {}
     for n, pd_ms, one_ms in ((256, 900.0, 350.0), (1024, 2600.0, 1300.0)):
         runs[("P/D", n)] = _kv_run(repeats, n, out, pd_ms)
