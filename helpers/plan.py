@@ -551,13 +551,15 @@ def _lab21(p: runtime.Profile, quick: bool) -> dict[str, Any]:
     per_token = _kv_per_token(p)
     prompts_in_cache = 3
     cache_tokens = prompts_in_cache * (prompt + 256)
-    return {"max_model_len": min(p.max_model_len, cache_tokens), "max_request_tokens": prompt + 16,
+    # max_model_len well inside the pool: vLLM needs one whole request's blocks free (measured: a 3,840-token pool
+    # held 3,712 tokens of requests, so max_model_len = the pool failed to start)
+    return {"max_model_len": min(p.max_model_len, prompt + 256), "max_request_tokens": prompt + 16,
             "min_gpu_memory_utilization": p.utilization if _gpu(p) else None, "min_run_s": 0.0,
             "values": {"prompt": prompt, "output": 8, "flush_prompts": prompts_in_cache + 2,
                        "kv_cache_memory_bytes": cache_tokens * per_token, "cache_tokens": cache_tokens,
                        "kv_bytes_per_token": per_token, "repeats": 2 if quick else 4,
                        "tiers": ["pcie5", "nvme_gen4", "object_store"]},
-            "checks": [_fits_context(prompt + 16, min(p.max_model_len, cache_tokens), "the reused prompt"),
+            "checks": [_fits_context(prompt + 16, min(p.max_model_len, prompt + 256), "the reused prompt"),
                        {"claim": f"{prompts_in_cache + 2} flush prompts of {prompt:,} tokens overflow a cache of "
                                  f"{cache_tokens:,} tokens, so the reused prompt is evicted",
                         "ok": (prompts_in_cache + 2) * prompt > cache_tokens}]}
@@ -604,21 +606,27 @@ def _lab23(p: runtime.Profile, quick: bool) -> dict[str, Any]:
         slo = {"ttft_p99_ms": 1000.0, "tpot_p99_ms": 60.0}
     else:
         load = {"max_num_seqs": 4, "input_len": 128, "output_len": 16}
-        slo = {"ttft_p99_ms": 2000.0, "tpot_p99_ms": 250.0}
+        # on one of vLLM's TTFT histogram boundaries (2.5 s): Prometheus counts a request as late against the largest
+        # boundary at or below the target, so 2,000 ms became 1 s there and the burn alerts fired in the calm phase
+        slo = {"ttft_p99_ms": 2500.0, "tpot_p99_ms": 250.0}
     phases = {"capacity_s": 10.0 if quick else 20.0, "calm_s": 15.0 if quick else 40.0,
-              "overload_s": 25.0 if quick else 60.0, "recovery_s": 15.0 if quick else 40.0}
+              "overload_s": 30.0 if quick else 60.0, "recovery_s": 15.0 if quick else 40.0}
     if _gpu(p):
         phases = {k: 2 * v for k, v in phases.items()}
-    calm, overload, fixed_replicas = 0.5, 1.6, 2
+    # 1.3 x one replica: overloads it, and leaves the two-replica fix headroom even on a 2-core machine, where the
+    # router, Prometheus and the client share the replicas' cores (measured: at 1.6 x, two replicas still queued 5)
+    calm, overload, fixed_replicas = 0.5, 1.3, 2
     return {"max_model_len": min(p.max_model_len, 4096), "max_request_tokens": load["input_len"] + load["output_len"],
             "min_gpu_memory_utilization": round(p.utilization / 2, 3) if _gpu(p) else None,
             "min_run_s": phases["capacity_s"], "model": model,
             "values": {**load, **phases, **slo, "calm": calm, "overload": overload, "fixed_replicas": fixed_replicas,
-                       # half the batch waiting: crossed within seconds of the overload starting (measured on CPU:
-                       # 4 waiting took 15 s at 1.6x), so the queue alert fires inside the overload, not after it
-                       "queue_threshold": max(2, load["max_num_seqs"] // 2), "window": "30s",
+                       # a quarter of the batch waiting: crossed within seconds of the overload starting (measured on
+                       # CPU: more than 2 waiting took 11 s at 1.6x), so the queue alert fires inside the overload
+                       "queue_threshold": max(1, load["max_num_seqs"] // 4), "window": "30s",
                        "rate_window": "30s", "slo_window_s": 5.0,
-                       "burn_windows": [["1m", "15s", 14.4, "page", "5s"], ["2m", "30s", 6.0, "ticket", "10s"]],
+                       # production's pairs shortened to fit a lab; the page waits 15 s to be sure, as SRE burn
+                       # alerts do (without it, one late request in a 15 s window fired it)
+                       "burn_windows": [["1m", "15s", 14.4, "page", "15s"], ["2m", "30s", 6.0, "ticket", "20s"]],
                        "alert_for": {"queue_for": "5s", "kv_for": "10s", "preemption_for": "10s", "tpot_for": "15s"}},
             "checks": [_shared_gpu_fit(p, 2, load["input_len"] + load["output_len"], model),
                        _long_enough(p, phases["capacity_s"], load["input_len"], load["output_len"],
