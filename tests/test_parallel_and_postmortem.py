@@ -119,3 +119,17 @@ def test_random_models_resolve_to_a_built_checkpoint_and_size_from_their_config(
     assert sized.experts_per_token == 2
     with pytest.raises(FileNotFoundError, match="data/tiny holds"):
         models.tiny_config_path("no-such-model")
+
+
+def test_alert_timeline_counts_transitions_inside_the_window_only():
+    import pandas as pd
+
+    t0 = 1_000_000.0
+    rows = [("Q", "pending", 5.0), ("Q", "pending", 6.0), ("Q", "firing", 10.0),
+            ("B", "firing", 0.0), ("B", "firing", 1.0)]  # B was already firing when the window opened
+    frame = pd.DataFrame([{"alertname": a, "alertstate": st, "time": pd.Timestamp(t0 + t, unit="s"), "value": 1.0}
+                          for a, st, t in rows])
+    prom = SimpleNamespace(query_range_frame=lambda expr, start, end, step: frame)
+    out = postmortem.alert_timeline(prom, t0, t0 + 60, 1.0)
+    assert out["Q"] == {"pending_s": 5.0, "firing_s": 10.0}
+    assert out["B"]["firing_s"] is None and out["B"]["firing_at_start"]

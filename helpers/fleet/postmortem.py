@@ -50,7 +50,9 @@ def fluid_queue(arrivals: Any, capacity_rps: float, replicas: int = 1, step_s: f
 
 def alert_timeline(prom: Any, start: float, end: float, step: float = 1.0) -> dict[str, dict[str, float | None]]:
     """For every alert Prometheus evaluated between ``start`` and ``end`` (wall-clock seconds): when it first went
-    pending and firing (seconds after ``start``; ``None`` if it never did), from the ``ALERTS`` series.
+    pending and firing (seconds after ``start``; ``None`` if it never did), from the ``ALERTS`` series. A state the
+    alert was already in when the window opened is not a transition of this run: it is marked ``<state>_at_start``
+    and its time left ``None``.
 
     Introduced in lab 23 (Observability and the Postmortem).
     """
@@ -61,7 +63,11 @@ def alert_timeline(prom: Any, start: float, end: float, step: float = 1.0) -> di
     frame = frame[frame["value"] > 0]
     for (name, state), rows in frame.groupby(["alertname", "alertstate"]):
         first = rows["time"].min().timestamp() - start
-        out.setdefault(name, {"pending_s": None, "firing_s": None})[f"{state}_s"] = first
+        entry = out.setdefault(name, {"pending_s": None, "firing_s": None})
+        if first < step:  # already in this state when the window opened: it did not go there during the run
+            entry[f"{state}_at_start"] = True
+            continue
+        entry[f"{state}_s"] = first
     return out
 
 
