@@ -26,9 +26,24 @@ def test_lab_follows_the_skeleton(path):
     assert notebooks.check(path) == []
 
 
-def test_labs_are_numbered_in_syllabus_order_without_gaps():
-    numbers = [int(p.name[:2]) for p in LABS]
-    assert numbers == list(range(1, len(numbers) + 1))
+# The syllabus' sessions in order (4 phases of 6, 5, 6 and 6 sessions) and the capstone: a lab's number is its place here.
+SYLLABUS = ["one_gpu_one_model", "prefill_and_decode", "sizing_the_kv_cache", "gqa_mla_sliding_windows",
+            "where_the_time_goes", "inside_pagedattention", "continuous_batching", "chunked_prefill",
+            "prefix_caching_measured", "load_testing_honestly", "latency_throughput_goodput", "fp8_as_the_default",
+            "fp4_on_blackwell", "awq_gptq_and_what_died", "proving_quantization_safe", "speculative_decoding",
+            "cost_per_million_tokens", "tensor_and_pipeline_parallel", "expert_parallelism_for_moe",
+            "disaggregating_prefill_and_decode", "kv_offload_and_tiers", "routing_and_autoscaling",
+            "observability_and_the_postmortem", "putting_it_all_together"]
+
+
+def test_labs_are_numbered_in_syllabus_order():
+    """Each lab's number is its session's place in the syllabus (a lab still to come leaves its number free)."""
+    for p in LABS:
+        number, slug = int(p.name[:2]), p.stem[3:]
+        assert 1 <= number <= len(SYLLABUS) and SYLLABUS[number - 1] == slug, (
+            f"{p.name}: lab {number} is {SYLLABUS[number - 1] if 1 <= number <= len(SYLLABUS) else 'not a session'}")
+    phase_one_and_two = [int(p.name[:2]) for p in LABS if int(p.name[:2]) <= 11]
+    assert phase_one_and_two == list(range(1, 12))
 
 
 def test_checker_catches_outputs_missing_tags_and_sys_path(tmp_path):
