@@ -1270,10 +1270,10 @@ def _doctor_empty_panel(ns):
             lambda ns: ns["timeline"].alerts["VllmTTFTBudgetBurn1m"].update(firing_s=20.0),
             "all(q_fired < b for b in burns)"),
      Doctor("a dashboard panel returned nothing", _doctor_empty_panel, "an empty panel"),
-     Doctor("the fix did not bring p99 TTFT under the target",
-            lambda ns: ns["timeline"].after_fix.update(ttft_p99_ms=2500.0), 'timeline.after_fix["ttft_p99_ms"] <='),
+     Doctor("the queue peaked as high after the fix",
+            lambda ns: ns["timeline"].after_fix.update(queue_peak=9.0), 'timeline.after_fix["queue_peak"] <'),
      Doctor("the fix's difference does not exclude zero", lambda ns: setattr(ns["gain"], "differ", False),
-            'timeline.after_fix["ttft_p99_ms"] <='),
+            'timeline.after_fix["queue_peak"] <'),
      Doctor("the knob disagrees with the fluid model",
             lambda ns: _set(ns["knob_view"], 0, "peak backlog", ns["knob_view"]["peak backlog"].iloc[0] + 0.01),
             'knob_view.set_index("replicas")'),
@@ -1283,7 +1283,7 @@ def _doctor_empty_panel(ns):
      )
 def lab_23(tmp: Path) -> dict[str, Any]:
     # Lab 23 on the cpu profile (quick plan: calm 15 s at 0.5 x capacity, overload 25 s at 1.6 x, recovery 15 s; SLO
-    # 2,000 ms p99 TTFT; queue alert at 2 waiting for 5 s; burn windows 1m/15s and 2m/30s). Capacity and queue of the
+    # 2,500 ms p99 TTFT; queue alert above 1 waiting for 5 s; burn windows 1m/15s and 2m/30s). Capacity and queue of the
     # shape measured here: 1.06 req/s, a recorded peak of 9 waiting against the fluid model's.
     from helpers.fleet import observability, postmortem
 
@@ -1291,8 +1291,9 @@ def lab_23(tmp: Path) -> dict[str, Any]:
     load = bench.Steps(((calm_s, 0.5 * capacity), (over_s, 1.6 * capacity), (15.0, 0.5 * capacity)))
     predicted_peak = float(postmortem.fluid_queue(load, capacity)["backlog"].max())
     overload_start, overload_end = load.boundaries()[1], load.boundaries()[2]
-    slo = observability.SLO(ttft_p99_ms=2000.0, tpot_p99_ms=250.0, queue_threshold=2)
-    burn = [observability.BurnWindow("1m", "15s", 14.4, "page", "5s"), observability.BurnWindow("2m", "30s", 6.0, "ticket", "10s")]
+    slo = observability.SLO(ttft_p99_ms=2500.0, tpot_p99_ms=250.0, queue_threshold=1)
+    burn = [observability.BurnWindow("1m", "15s", 14.4, "page", "15s"),
+            observability.BurnWindow("2m", "30s", 6.0, "ticket", "20s")]
     specs = observability.panels(slo, window="30s", rate_window="30s", burn_windows=burn)
     results = {q.expr: {"data": {"result": [{"value": [0, "1"]}]}} for p in specs for q in p.queries}
     timeline = postmortem.Timeline(
@@ -1311,7 +1312,7 @@ def lab_23(tmp: Path) -> dict[str, Any]:
     written["json"].write_text(json.dumps({"routing": {}, "autoscaling": {}, "observability": {}, "files": []}))
     return dict(promtool=[SimpleNamespace(ok=True), SimpleNamespace(ok=True)], before=_run(completed=40),
                 after=_run(completed=40), users=users, PLAN={"slo_window_s": 5.0}, overload_start=overload_start,
-                overload_end=overload_end, timeline=timeline, TTFT_P99_MS=2000.0, queue_peak=9.0,
+                overload_end=overload_end, timeline=timeline, TTFT_P99_MS=2500.0, queue_peak=9.0,
                 predicted_peak=predicted_peak, queue_alert="VllmQueueBuilding", alerts=timeline.alerts,
                 burn_alerts=["VllmTTFTBudgetBurn1m", "VllmTTFTBudgetBurn2m"], results=results, specs=specs,
                 gain=SimpleNamespace(differ=True, diff=-6800.0), knob_view=knob_view, written=written, json=json)
