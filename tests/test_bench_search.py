@@ -135,6 +135,22 @@ def test_attainment_mode_finds_distserve_max_rate_at_slo():
     assert ">= 90% of requests meeting TTFT <= 100 ms and TPOT <= 20 ms" in str(res)
 
 
+def test_attainment_needs_enough_requests_to_show_it_and_the_default_dispatches_them():
+    # Wilson's lower bound of n out of n is n / (n + z^2): the smallest n reaching the target, and not one fewer
+    for a in (0.5, 0.8, 0.9, 0.95):
+        n = bench.requests_to_show(a)
+        assert bench.wilson_interval(n, n)[0] >= a > bench.wilson_interval(n - 1, n - 1)[0]
+    assert bench.requests_to_show(0.9) == 35
+    # 8 requests (lab 17's first plan): every probe was undecided and the search found no rate. Now refused up front.
+    with pytest.raises(ValueError, match="min_requests >= 35"):
+        find_max_rate(WorkloadSpec(), SLO(ttft_ms=100), attainment=0.9, min_requests=8,
+                      runner=fake_runner(attainment_curve(10.0), []), out=False)
+    calls: list = []  # left to its default, a search at a rate well inside capacity passes
+    res = find_max_rate(WorkloadSpec(), SLO(ttft_ms=100), attainment=0.9, start_rate=1.0, max_rate=2.0, max_runs=2,
+                        duration_s=1, runner=fake_runner(attainment_curve(10.0), calls), out=False)
+    assert min(c["n"] for c in calls) >= 35 and res.max_rate_at_slo == 2.0
+
+
 def test_confirm_remeasures_the_found_rate_and_a_contradiction_is_flagged_not_dropped():
     calls: list = []
     confirm_calls: list = []

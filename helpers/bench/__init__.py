@@ -40,7 +40,7 @@ from .runner import Target, choose_workers, reconcile, run, target_of
 from .search import MaxRateResult, Probe, Remeasure, SweepResult, find_max_rate, sweep
 from .stats import (SLO, Comparison, Distribution, Goodput, Latencies, Summary, Window, bootstrap_quantile,
                     metric_values, pooled_itl_median, quantile_with_ci, steady_state_window, summarize,
-                    wilson_interval)
+                    requests_to_show, wilson_interval)
 from .store import RunFolder, RunResult, compare, goodput, load_run, records_of
 from .traces import EXAMPLE_TRACE, Trace, TraceArrivals
 from .workloads import (SAMPLE_CHAT, FixedLength, FromJsonl, SharedPrefix, TokenCounter, Workload, WorkloadSpec,
@@ -66,7 +66,7 @@ __all__ = [
     # statistics
     "SLO", "Summary", "Distribution", "Latencies", "Window", "Goodput", "Comparison", "summarize",
     "steady_state_window", "goodput", "compare", "metric_values", "bootstrap_quantile", "pooled_itl_median",
-    "quantile_with_ci", "wilson_interval",
+    "quantile_with_ci", "requests_to_show", "wilson_interval",
     # calibration
     "CalibrationServer", "CalibrationConfig",
     # the Phase 2 report

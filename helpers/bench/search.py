@@ -18,7 +18,8 @@ from .. import settings
 from .arrivals import Arrivals, Concurrent, Poisson
 from .charts import latency_throughput
 from .runner import run
-from .stats import METRICS, SLO, metric_values, quantile_with_ci, steady_state_window, wilson_interval, window_records
+from .stats import (METRICS, SLO, metric_values, quantile_with_ci, requests_to_show, steady_state_window,
+                    wilson_interval, window_records)
 from .store import RunResult
 from .workloads import WorkloadSpec
 
@@ -301,7 +302,7 @@ def find_max_rate(
     max_runs: int = 8,
     max_repeats: int = 1,
     duration_s: float = 20.0,
-    min_requests: int = 30,
+    min_requests: int | None = None,
     max_failure_rate: float = 0.01,
     confirm: Callable[[Remeasure], Any] | None = None,
     seed: int = 0,
@@ -326,7 +327,8 @@ def find_max_rate(
     Bracketing then bisection: from ``start_rate`` double while probes pass (halve while they do not) until a pass
     and a non-pass bracket the answer, then bisect until the bracket is within ``rel_tol`` of the passing rate, or
     ``max_runs`` runs (reruns included) were made. Each run lasts about ``duration_s`` (at least ``min_requests``
-    requests) with fresh prompts. A pass at or above a failed rate is kept and flagged (``non_monotonic``).
+    requests: by default 30, and with ``attainment`` a quarter more than :func:`requests_to_show`, below which no
+    probe could pass) with fresh prompts. A pass at or above a failed rate is kept and flagged (``non_monotonic``).
     ``confirm(remeasure)``, if given, is called with a :class:`Remeasure` of the found rate (it may start a fresh
     server and call ``remeasure(base_url=that_server)``); its verdict is ``confirmed``. ``runner`` replaces
     :func:`run` (for tests).
@@ -345,12 +347,21 @@ def find_max_rate(
             raise ValueError("attainment needs an SLO with bounds, e.g. SLO(ttft_ms=500, tpot_ms=50)")
         target = float(attainment)  # type: ignore[arg-type]
         statistic = "attainment"
+        need = requests_to_show(target)
+        if min_requests is None:  # a quarter more than the judged minimum: the warm-up before the window is not judged
+            min_requests = max(30, int(math.ceil(1.25 * need)))
+        if min_requests < need:  # a probe of fewer requests can never pass: the search would find nothing
+            raise ValueError(f"min_requests={min_requests} cannot show {target:.0%} attainment: even with every request "
+                             f"meeting the SLO, Wilson's 95% lower bound stays below it until {need} requests are "
+                             f"judged. Pass min_requests >= {need} (more, since the warm-up before the steady-state "
+                             "window is not judged), or a lower attainment")
     else:
         bound = getattr(slo, f"{m}_ms", None)
         if bound is None:
             raise ValueError(f"slo sets no bound for {m!r}: e.g. SLO({m}_ms=500)")
         target = float(bound)
         statistic = f"{m} p{q * 100:g} (ms)"
+        min_requests = 30 if min_requests is None else min_requests
     runner = runner or run
     parent = _parent(out, "maxrate")
     probes: list[Probe] = []

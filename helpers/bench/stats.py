@@ -41,6 +41,7 @@ __all__ = [
     "metric_values",
     "bootstrap_quantile",
     "quantile_with_ci",
+    "requests_to_show",
     "wilson_interval",
     "window_records",
     "METRICS",
@@ -119,6 +120,18 @@ def wilson_interval(successes: int, n: int, z: float = 1.959964) -> tuple[float,
     lo = 0.0 if successes <= 0 else max(0.0, centre - half)
     hi = 1.0 if successes >= n else min(1.0, centre + half)  # exact at the ends, where rounding would miss them
     return (lo, hi)
+
+
+def requests_to_show(attainment: float, z: float = 1.959964) -> int:
+    """The fewest requests that can show ``attainment`` at all: with every one of ``n`` meeting the SLO, Wilson's
+    lower bound is ``n / (n + z²)``, so ``n >= z² · a / (1 - a)`` (90%: 35 requests; 8 requests, all meeting it, show
+    only 68%). A probe needs this many *in its steady-state window*, so dispatch more.
+
+    Introduced in lab 17 (Cost per Million Tokens).
+    """
+    if not 0 < attainment < 1:
+        raise ValueError(f"attainment is a share between 0 and 1 (e.g. 0.9), got {attainment}")
+    return int(math.ceil(z * z * attainment / (1 - attainment) - 1e-9))
 
 
 def pooled_itl_median(records: Iterable[RequestResult], n_boot: int = _N_BOOT,
