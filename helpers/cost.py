@@ -157,50 +157,65 @@ class RooflineRate:
 
 
 def roofline_rate_at_tpot(model: str, device: str, tpot_ms: float, context: int, *, weight_dtype: str = "auto",
-                          efficiency: float = 0.5, memory_share: float = 0.9, max_batch: int = 4096) -> RooflineRate:
+                          kv_dtype: str = "auto", tp: int = 1, link: str = "nvlink4", efficiency: float = 0.5,
+                          memory_share: float = 0.9, max_batch: int = 4096) -> RooflineRate:
     """The output tokens per second ``device`` (a ``helpers.sizing.HARDWARE`` key) is *predicted* to make with
     ``model`` while every step stays within ``tpot_ms``: decode steps of a batch each holding ``context`` tokens,
     from the roofline at ``efficiency`` of the peak; the batch doubles until the step misses the target or the KV
-    cache no longer fits in ``memory_share`` of the card beside the weights. A prediction for devices this machine
-    is not — label it so next to measured rows.
+    cache no longer fits in ``memory_share`` of the card beside the weights. With ``tp`` > 1, ``tp`` such cards
+    split the model (bandwidth, FLOP/s and memory times ``tp``) and each step adds its all-reduces over ``link`` (a
+    ``helpers.sizing.LINKS`` key; lab 18's ring model). A prediction for devices this machine is not — label it so
+    next to measured rows; ``output_tokens_per_s`` is the whole group's.
 
-    Introduced in lab 17 (Cost per Million Tokens).
+    Introduced in lab 17 (Cost per Million Tokens); ``tp`` in lab 24 (Putting It All Together).
     """
     from . import sizing
 
+    if tp < 1:
+        raise ValueError(f"tp is a number of cards, >= 1; got {tp}")
     cfg = sizing.load_config(model)
-    hw = sizing.HARDWARE[device]
+    one = sizing.HARDWARE[device]
+    hw = dataclasses.replace(one, memory_gib=one.memory_gib * tp, memory_bandwidth=one.memory_bandwidth * tp,
+                             **{k: getattr(one, k) * tp for k in ("bf16_flops", "fp16_flops", "fp8_flops", "fp4_flops",
+                                                                  "fp32_flops") if getattr(one, k, None)})
     budget = memory_share * hw.memory_gib * 2**30 - sizing.weight_bytes(cfg, weight_dtype, strict=False).total
-    per_seq = sizing.kv_bytes_for_context(cfg, context)
+    per_seq = sizing.kv_bytes_for_context(cfg, context, kv_dtype)
+
+    def step(b: int) -> tuple[float, str]:
+        st = sizing.decode_step_time(cfg, hw, b, context, weight_dtype=weight_dtype, kv_dtype=kv_dtype,
+                                     efficiency=efficiency)
+        comm = sizing.tp_comm_per_step(cfg, b, tp, sizing.LINKS[link]) if tp > 1 else 0.0
+        return st.time + comm, ("all-reduce" if comm > st.time else st.bound)
+
     best, why, b = None, "the TPOT target at batch 1", 1
     while b <= max_batch:
-        st = sizing.decode_step_time(cfg, hw, b, context, weight_dtype=weight_dtype, efficiency=efficiency)
-        if st.time * 1e3 > tpot_ms:
-            why = f"the TPOT target (batch {b} steps in {st.time * 1e3:.1f} ms)"
+        t, bound = step(b)
+        if t * 1e3 > tpot_ms:
+            why = f"the TPOT target (batch {b} steps in {t * 1e3:.1f} ms)"
             break
         if b * per_seq > budget:
             why = f"memory (batch {b} needs {b * per_seq / 2**30:.1f} GiB of KV cache)"
             break
-        best, b = (b, st), b * 2
+        best, b = (b, t, bound), b * 2
     else:
         why = f"the batch cap {max_batch}"
     if best is None:
-        raise ValueError(f"{model} on {device} misses a TPOT of {tpot_ms} ms even at batch 1 (limited by {why})")
+        raise ValueError(f"{model} on {tp} x {device} misses a TPOT of {tpot_ms} ms even at batch 1 (limited by {why})")
     lo, hi = best[0], min(b, max_batch + 1)  # lo fits, hi does not: bisect to the largest batch that fits
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        st = sizing.decode_step_time(cfg, hw, mid, context, weight_dtype=weight_dtype, efficiency=efficiency)
-        if st.time * 1e3 <= tpot_ms and mid * per_seq <= budget:
-            lo, best = mid, (mid, st)
+        t, bound = step(mid)
+        if t * 1e3 <= tpot_ms and mid * per_seq <= budget:
+            lo, best = mid, (mid, t, bound)
         else:
             hi = mid
-    batch, st = best
+    batch, t, bound = best
     if hi <= max_batch:
-        nxt = sizing.decode_step_time(cfg, hw, hi, context, weight_dtype=weight_dtype, efficiency=efficiency)
-        why = (f"the TPOT target (batch {hi} steps in {nxt.time * 1e3:.1f} ms)" if nxt.time * 1e3 > tpot_ms else
+        t_next, _ = step(hi)
+        why = (f"the TPOT target (batch {hi} steps in {t_next * 1e3:.1f} ms)" if t_next * 1e3 > tpot_ms else
                f"memory (batch {hi} needs {hi * per_seq / 2**30:.1f} GiB of KV cache)")
-    return RooflineRate(device=device, weight_dtype=weight_dtype, batch=batch, step_ms=st.time * 1e3,
-                        output_tokens_per_s=batch / st.time, bound=st.bound, limited_by=why)
+    return RooflineRate(device=device if tp == 1 else f"{tp} x {device}", weight_dtype=weight_dtype, batch=batch,
+                        step_ms=t * 1e3, output_tokens_per_s=batch / t, bound=bound, limited_by=why)
 
 
 def hardware_prices() -> Mapping[str, float]:

@@ -1,5 +1,7 @@
 """helpers.cost: the arithmetic, checked against a second formula and against hand-worked numbers."""
 
+import dataclasses
+
 import pytest
 
 from helpers import cost, sizing
@@ -59,3 +61,25 @@ def test_roofline_rate_stops_at_memory_and_refuses_an_impossible_target():
     assert long.batch * kv <= budget < (long.batch + 1) * kv and "memory" in long.limited_by
     with pytest.raises(ValueError, match="even at batch 1"):
         cost.roofline_rate_at_tpot("llama-3.1-8b", "l4", tpot_ms=5.0, context=2048)
+
+
+def test_roofline_rate_across_tp_cards_adds_the_all_reduce_and_fits_what_one_card_cannot():
+    # 70B in BF16 (~131 GiB) does not fit one 80 GiB H100 beside any KV cache; two hold it and a batch.
+    with pytest.raises(ValueError, match="even at batch 1"):
+        cost.roofline_rate_at_tpot("llama-3.1-70b", "h100", 40.0, 3700)
+    two = cost.roofline_rate_at_tpot("llama-3.1-70b", "h100", 40.0, 3700, weight_dtype="fp8", kv_dtype="fp8", tp=2)
+    assert two.device == "2 x h100" and two.batch >= 16
+    # the step is the roofline's on twice the card plus the ring all-reduces of lab 18, computed independently here
+    cfg, one = sizing.load_config("llama-3.1-70b"), sizing.HARDWARE["h100"]
+    pair = dataclasses.replace(one, memory_gib=2 * one.memory_gib, memory_bandwidth=2 * one.memory_bandwidth,
+                               bf16_flops=2 * one.bf16_flops, fp16_flops=2 * one.fp16_flops, fp8_flops=2 * one.fp8_flops)
+    comm = 2 * cfg.layers * sizing.allreduce_time(two.batch * cfg.hidden * 2, 2, sizing.LINKS["nvlink4"])
+    roof = sizing.decode_step_time(cfg, pair, two.batch, 3700, weight_dtype="fp8", kv_dtype="fp8", efficiency=0.5).time
+    assert two.step_ms == pytest.approx((roof + comm) * 1e3) and two.step_ms <= 40.0
+    # FP8 KV holds twice the sequences: with the TPOT target out of the way, memory binds at about twice the batch
+    loose = dict(weight_dtype="fp8", tp=2, efficiency=0.5)
+    a = cost.roofline_rate_at_tpot("llama-3.1-70b", "h100", 10_000.0, 3700, kv_dtype="auto", **loose)
+    b = cost.roofline_rate_at_tpot("llama-3.1-70b", "h100", 10_000.0, 3700, kv_dtype="fp8", **loose)
+    assert "memory" in a.limited_by and b.batch == pytest.approx(2 * a.batch, rel=0.02)
+    with pytest.raises(ValueError, match="tp"):
+        cost.roofline_rate_at_tpot("llama-3.1-70b", "h100", 40.0, 3700, tp=0)
