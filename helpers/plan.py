@@ -256,12 +256,20 @@ def _lab08(p: runtime.Profile, quick: bool) -> dict[str, Any]:
     budgets = [default, default // 8] if quick else [default, default // 4, default // 8]
     decoders = 4 if not _gpu(p) else 32
     dec_out = 240 if quick else 480
+    hol_long = min(long_prompt, 4 * budgets[-1])  # four chunks: the head-of-line wait is long, the run short
     return {"max_model_len": p.max_model_len, "max_request_tokens": max(long_prompt + 8, 64 + dec_out),
             "min_gpu_memory_utilization": p.utilization if _gpu(p) else None, "min_run_s": 0.0,
             "values": {"budgets": budgets, "long_prompt": long_prompt, "decoders": decoders, "decode_output": dec_out,
-                       "long_prompts": 4 if quick else 8, "prompt_every_s": 2.5 if not _gpu(p) else 0.5,
-                       "lead_s": 1.0 if not _gpu(p) else 0.2},
+                       # the lab spaces the prompts at least twice its measured prefill apart, and lengthens the
+                       # decoders to outlast them: these are floors
+                       "long_prompts": 3 if quick else 6, "prompt_every_s": 2.5 if not _gpu(p) else 0.5,
+                       "lead_s": 1.0 if not _gpu(p) else 0.2,
+                       # section 5: a short prompt behind a long one at the smallest budget, the cap off and on
+                       "hol": {"long": hol_long, "short": 64, "cap": budgets[-1] // 4, "pairs": 2 if quick else 4}},
             "checks": [_fits_context(long_prompt + 8, p.max_model_len, "a long prompt"),
+                       {"claim": f"section 5's cap ({budgets[-1] // 4}) plus its short prompt (64) fit one step of the "
+                                 f"smallest budget ({budgets[-1]}), and its long prompt ({hol_long}) needs several",
+                        "ok": budgets[-1] // 4 + 64 <= budgets[-1] < hol_long},
                        {"claim": f"the long prompt ({long_prompt:,}) fits in one step at the default budget "
                                  f"({default:,}), so without chunking it stalls the decoders for a whole prefill",
                         "ok": long_prompt <= default}]}
