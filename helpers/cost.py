@@ -174,10 +174,7 @@ def roofline_rate_at_tpot(model: str, device: str, tpot_ms: float, context: int,
     if tp < 1:
         raise ValueError(f"tp is a number of cards, >= 1; got {tp}")
     cfg = sizing.load_config(model)
-    one = sizing.HARDWARE[device]
-    hw = dataclasses.replace(one, memory_gib=one.memory_gib * tp, memory_bandwidth=one.memory_bandwidth * tp,
-                             **{k: getattr(one, k) * tp for k in ("bf16_flops", "fp16_flops", "fp8_flops", "fp4_flops",
-                                                                  "fp32_flops") if getattr(one, k, None)})
+    hw = sizing.HARDWARE[device].times(tp)
     budget = memory_share * hw.memory_gib * 2**30 - sizing.weight_bytes(cfg, weight_dtype, strict=False).total
     per_seq = sizing.kv_bytes_for_context(cfg, context, kv_dtype)
 

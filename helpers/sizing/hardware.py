@@ -66,6 +66,19 @@ class Hardware:
         """FLOPs per byte where compute time equals memory time: below it a kernel is memory-bound."""
         return self.flops_for(dtype) / self.memory_bandwidth
 
+    def times(self, n: int) -> "Hardware":
+        """``n`` of these cards as the roofline sees a tensor-parallel group: memory, bandwidth and every FLOP/s
+        figure times ``n`` (the all-reduce between them is not in it: ``tp_comm_per_step`` adds it).
+
+        Introduced in lab 24 (Putting It All Together).
+        """
+        if n < 1:
+            raise ValueError(f"a group has at least one card, got {n}")
+        flops = ("bf16_flops", "fp16_flops", "fp8_flops", "fp4_flops", "fp32_flops")
+        return dataclasses.replace(self, name=self.name if n == 1 else f"{n} x {self.name}",
+                                   memory_gib=self.memory_gib * n, memory_bandwidth=self.memory_bandwidth * n,
+                                   **{k: getattr(self, k) * n for k in flops if getattr(self, k)})
+
     def with_price(self, price_per_hour: float) -> "Hardware":
         """A copy with another hourly price."""
         return dataclasses.replace(self, price_per_hour=float(price_per_hour))
