@@ -265,6 +265,13 @@ class _Metrics:
         return generate_latest(merged)
 
 
+async def _sleep_until(due: float, clock) -> None:
+    """Sleep until ``clock() >= due``. asyncio may wake a timer up to its clock resolution early, and a token
+    sent before it is due would make the server's own schedule (the truth a client is judged against) a lie."""
+    while (delay := due - clock()) > 0:
+        await asyncio.sleep(delay)
+
+
 def _chunk_sizes(n: int, first: int, k: int) -> list[int]:
     sizes = [min(max(first, 1), n)]
     rest = n - sizes[0]
@@ -380,7 +387,7 @@ def build_app(cfg: CalibrationConfig, shared: _Shared | None = None):
             return b"data: " + json.dumps(d, separators=(",", ":")).encode() + b"\n\n"
 
         if not stream:
-            await asyncio.sleep(max(base + (n - 1) * cfg.tpot_s - clock(), 0))
+            await _sleep_until(base + (n - 1) * cfg.tpot_s, clock)
             text = "".join(_WORDS[i % len(_WORDS)] for i in range(n))
             t = clock()
             rec.update(ttft_s=t - t_recv, e2e_s=t - t_recv, n_tokens=n, n_chunks=1, tpot_s=None, lateness_max_s=0.0)
@@ -398,9 +405,7 @@ def build_app(cfg: CalibrationConfig, shared: _Shared | None = None):
         try:
             for size in sizes:
                 due = base + (sent + size - 1) * cfg.tpot_s
-                delay = due - clock()
-                if delay > 0:
-                    await asyncio.sleep(delay)
+                await _sleep_until(due, clock)
                 t = clock()
                 lateness = max(lateness, t - due)
                 text = "".join(_WORDS[(sent + j) % len(_WORDS)] for j in range(size))
