@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -257,6 +258,20 @@ def test_cli_run_and_summarize(cal, tmp_path, capsys):
     config = json.loads((out / "config.json").read_text())
     assert config["command"].startswith("python -m helpers.bench run --base-url")
     assert "--slo-ttft-ms 100" in config["command"]
+    # A report's reproduce command: the same run, aimed at the reader's server and folder, not this run's own
+    # (rerunning the recorded command as written would overwrite the records it reproduces).
+    again = tmp_path / "again"
+    cmd = bench.load_run(out).reproduce_command(base_url=cal.base_url, out=str(again))
+    args = shlex.split(cmd)
+    assert args[:4] == ["python", "-m", "helpers.bench", "run"] and args.count("--out") == 1
+    assert args[args.index("--base-url") + 1] == cal.base_url and args[args.index("--out") + 1] == str(again)
+    before = (out / "requests.jsonl").read_text()
+    cal.reset()
+    assert main(args[3:] + ["--no-progress"]) == 0
+    assert (out / "requests.jsonl").read_text() == before
+    rerun = [json.loads(x) for x in (again / "requests.jsonl").read_text().splitlines()]
+    assert [(r["id"], r["input_tokens"]) for r in rerun] == [(r["id"], r["input_tokens"]) for r in reqs]
+    assert "--out" not in shlex.split(bench.load_run(out).reproduce_command())
     capsys.readouterr()
     assert main(["summarize", str(out), "--slo-ttft-ms", "61"]) == 0
     text = capsys.readouterr().out

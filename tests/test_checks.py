@@ -892,7 +892,8 @@ def _config_result(name: str, rate: float | None, seed: int) -> bench.ConfigResu
         first_failing_rate=None if rate is None else round(rate * 1.3, 3), p99_ttft_ms_at_that_rate=1210.0,
         p99_ttft_ci_ms=(980.0, 1390.0), goodput=0.71, goodput_fraction=0.93, tpot_p50_ms=96.0, tpot_p99_ms=140.0,
         itl_p50_ms=95.0, itl_p99_ms=160.0, completed=57, failed=0,
-        server_command="python -m vllm.entrypoints.openai.api_server --model llm-serving-labs/smollm2-135m-instruct",
+        server_command="python -m vllm.entrypoints.openai.api_server --model llm-serving-labs/smollm2-135m-instruct "
+                       "--host 127.0.0.1 --port 8000",
         bench_command=f"python -m helpers.bench run --base-url http://127.0.0.1:8000/v1 --workload fixed "
                       f"--input-len 128 --output-len 32 --arrivals poisson --rate {rate} --duration 12 --seed {seed}")
 
@@ -954,6 +955,10 @@ def _doctor_report_config(key: str, value: Any = None, drop: bool = False):
      Doctor("a reproduce command without its seed",
             _doctor_report_config("bench_command", "python -m helpers.bench run --rate 0.9 --duration 12"),
             'c["bench_command"].startswith("python -m helpers.bench run")'),
+     Doctor("a reproduce command aimed at the run's own port, not the reproduce server's",
+            _doctor_report_config("bench_command", "python -m helpers.bench run --base-url http://127.0.0.1:36889/v1 "
+                                                   "--rate 0.9 --duration 12 --seed 7"),
+            '"--port 8000" in c["server_command"]'),
      Doctor("the HTML report is missing", lambda ns: ns["paths"]["html"].unlink(), 'paths["md"].exists()'),
      Doctor("the report lists 2 of 3 configurations",
             lambda ns: _write_report(ns, lambda data: data["configs"].pop()), 'paths["md"].exists()'),

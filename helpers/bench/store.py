@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
@@ -135,6 +136,30 @@ class RunResult:
     def valid(self) -> bool:
         """False when the client was the bottleneck: its numbers describe the client, not the server."""
         return self.summary.valid
+
+    def reproduce_command(self, base_url: str = "http://127.0.0.1:8000/v1", out: str | None = None) -> str | None:
+        """The client command that made this run, aimed at ``base_url`` and writing to ``out`` (no ``--out``:
+        a rerun's records go where the CLI puts them) instead of the run's own port and folder, which a report's
+        reader does not have and must not overwrite. None when the workload was built in Python (the recorded
+        ``command`` is None then, and ``config["command_note"]`` says why).
+
+        Introduced in lab 11 (Latency, Throughput and Goodput).
+        """
+        cmd = self.config.get("command")
+        if not cmd:
+            return None
+        env = "VLLM_API_KEY=$VLLM_API_KEY "
+        prefix, cmd = (env, cmd[len(env):]) if cmd.startswith(env) else ("", cmd)
+        args, i, kept = shlex.split(cmd), 0, []
+        while i < len(args):
+            if args[i] in ("--base-url", "--out"):
+                i += 2
+                continue
+            kept.append(args[i])
+            i += 1
+        at = kept.index("run") + 1 if "run" in kept else len(kept)
+        kept[at:at] = ["--base-url", base_url] + (["--out", str(out)] if out else [])
+        return prefix + " ".join(shlex.quote(a) for a in kept)
 
     @property
     def server(self) -> ServerView | None:
