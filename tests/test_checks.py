@@ -219,6 +219,10 @@ def _doctor_first_event(ns):
             "abs(predicted_concurrency - info.max_concurrency)"),
      Doctor("knob at this server's setting shows another concurrency",
             lambda ns: _set(ns["knob_view"], 0, "max concurrency", 2.98), 'knob_view["max concurrency"]'),
+     # measured: the knob priced the log's rounded "0.91 GiB" at 165 blocks where vLLM had made 164
+     Doctor("knob at this server's setting prices the rounded logged pool",
+            lambda ns: _set(ns["knob_view"], 0, "blocks", 193),
+            'knob_view["blocks"].iloc[0] == info.num_blocks'),
      )
 def lab_01(tmp: Path) -> dict[str, Any]:
     # Lab 01 on the cpu profile: the logged 1.06 GiB pool, 192 blocks of 128 tokens, 24,576 tokens, 3.00x at 8,192.
