@@ -51,7 +51,8 @@ import psutil
 from . import settings
 
 __all__ = [
-    "Proc", "Record", "ProcessError", "ProcessStartError", "ProcessTimeout", "PortInUse", "TooManyProcesses",
+    "Proc", "Record", "ProcessError", "ProcessStartError", "ProcessTimeout", "ProcessStalled", "PortInUse",
+    "TooManyProcesses",
     "records", "kill_tree", "session_members", "reap", "stop_all", "stop_owned", "owned", "describe_all",
     "free_port", "port_in_use", "port_owner", "redact", "install_hooks", "root_cause",
 ]
@@ -82,6 +83,14 @@ class ProcessStartError(ProcessError):
 
 class ProcessTimeout(ProcessError):
     """The process did not become ready before the deadline (it has been stopped).
+
+    Introduced in lab 01 (One GPU, One Model).
+    """
+
+
+class ProcessStalled(ProcessTimeout):
+    """The process made no progress while starting (no new log output, no CPU time in its whole tree) for longer
+    than the start's ``stall_s``; it has been stopped. The message says where its main thread waited.
 
     Introduced in lab 01 (One GPU, One Model).
     """
@@ -486,15 +495,18 @@ class Proc:
 
     def wait_ready(self, probe: Callable[[], bool], timeout: float, *, what: str | None = None,
                    hint: Callable[[str], str] | None = None, status: Callable[[float], None] | None = None,
-                   interval: float = 0.5) -> float:
+                   interval: float = 0.5, stall_s: float | None = None) -> float:
         """Poll ``probe()`` until it is true; returns the seconds it took.
 
         If the process exits first, raises :class:`ProcessStartError` with its exit code, the log's root cause,
         ``hint(log)`` and the log's last lines; past ``timeout`` s, stops it and raises :class:`ProcessTimeout`.
-        ``status(elapsed)`` is called each poll (a progress line).
+        With ``stall_s``, a start that writes nothing to its log and uses no CPU (its whole tree) for that long is
+        stopped at once with :class:`ProcessStalled`, instead of at the deadline. ``status(elapsed)`` is called
+        each poll (a progress line).
         """
         what = what or f"{self.kind} {self.name!r}"
         t0 = time.monotonic()
+        progress, moved = self._progress(), t0
         try:
             while True:
                 rc = self.returncode
@@ -509,7 +521,18 @@ class Proc:
                         returncode=rc, log_tail=tail, hint=advice)
                 if probe():
                     return time.monotonic() - t0
-                elapsed = time.monotonic() - t0
+                now = time.monotonic()
+                elapsed = now - t0
+                if stall_s is not None:
+                    seen = self._progress()
+                    if seen != progress:
+                        progress, moved = seen, now
+                    elif now - moved > stall_s:
+                        raise ProcessStalled(
+                            f"{what} made no progress for {now - moved:.0f} s while starting: no new log output and no "
+                            f"CPU time in its process tree{self._waiting_in()} (it has been stopped). Start it again; "
+                            f"if it stalls again at the same place, the machine (not the process) is stuck.\n"
+                            f"Full log: {self.log_path}\nLast lines:\n{self.log_tail(10)}")
                 if elapsed > timeout:
                     tail = self.log_tail(30)
                     raise ProcessTimeout(
@@ -522,6 +545,28 @@ class Proc:
         except BaseException:
             self.stop()
             raise
+
+    def _progress(self) -> tuple[int, float]:
+        """What moves while a process starts: its log's size and its tree's CPU seconds."""
+        size = self.log_path.stat().st_size if self.log_path and self.log_path.exists() else 0
+        cpu = 0.0
+        with contextlib.suppress(psutil.Error, TypeError):
+            root = psutil.Process(self.pid)
+            for p in [root, *root.children(recursive=True)]:
+                with contextlib.suppress(psutil.Error):
+                    t = p.cpu_times()
+                    cpu += t.user + t.system
+        return size, round(cpu, 2)
+
+    def _waiting_in(self) -> str:
+        """Where the main thread waits in the kernel, when Linux says (``/proc/PID/stack``, else ``wchan``)."""
+        for name in ("stack", "wchan"):
+            with contextlib.suppress(OSError, TypeError):
+                text = Path(f"/proc/{self.pid}/{name}").read_text().strip()
+                frames = [ln.split("] ", 1)[-1].split("+")[0] for ln in text.splitlines()][:3]
+                if frames and frames[0] not in ("", "0"):
+                    return f"; its main thread waits in the kernel at {' <- '.join(frames)}"
+        return ""
 
     def stop(self, timeout: float = 20.0) -> None:
         """Stop the process and its whole tree (session included), and forget it."""

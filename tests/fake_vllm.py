@@ -1,8 +1,9 @@
 """Stands in for `python -m vllm.entrypoints.openai.api_server` in the server-lifecycle tests.
 
 Invoked as ``fake_vllm.py -m vllm.entrypoints.openai.api_server --model M --host H --port P ...``.
-FAKE_VLLM_MODE picks a behaviour: serve (answer /v1/models after FAKE_VLLM_DELAY s), crash (log a
-real vLLM error and exit 3), hang (never listen), spawn (serve, with a child process of its own), stubborn
+FAKE_VLLM_MODE picks a behaviour: serve (answer /v1/models after FAKE_VLLM_DELAY s, logging a line every
+FAKE_VLLM_TICK s meanwhile if set), crash (log a real vLLM error and exit 3), hang (never listen, never log),
+hang-once (hang the first time, when FAKE_VLLM_MARKER does not exist yet, then serve), spawn (serve, with a child process of its own), stubborn
 (serve, with a child that ignores SIGTERM, as vLLM's EngineCore was seen to). With VLLM_API_KEY set, /v1/models
 needs ``Authorization: Bearer <key>``, as vLLM's /v1 routes do.
 """
@@ -24,6 +25,11 @@ if mode == "crash":
           "max seq len (8192), (0.18 GiB KV cache is needed, which is larger than the available KV cache "
           "memory (0.04 GiB).", flush=True)
     sys.exit(3)
+if mode == "hang-once":  # hang (no output, no CPU) on the first start only, as a frozen process would
+    marker = os.environ["FAKE_VLLM_MARKER"]
+    if not os.path.exists(marker):
+        open(marker, "w").close()
+        mode = "hang"
 if mode == "hang":
     time.sleep(3600)
 if mode in ("spawn", "stubborn"):
@@ -35,7 +41,12 @@ if mode in ("spawn", "stubborn"):
         fh.write(str(child.pid))
 KEY = os.environ.get("VLLM_API_KEY")
 
-time.sleep(float(os.environ.get("FAKE_VLLM_DELAY", "0.3")))
+delay, tick = float(os.environ.get("FAKE_VLLM_DELAY", "0.3")), float(os.environ.get("FAKE_VLLM_TICK", "0"))
+while tick and delay > 0:  # a slow start that keeps logging (loading weights, compiling)
+    print("INFO loading ...", flush=True)
+    time.sleep(min(tick, delay))
+    delay -= tick
+time.sleep(max(delay, 0))
 print("(EngineCore pid=1) INFO [kv_cache_utils.py:2327] CPU KV cache size: 46,592 tokens, "
       "Maximum concurrency for 2,048 tokens per request: 22.75x", flush=True)
 

@@ -176,6 +176,33 @@ def test_readiness_timeout_stops_the_process(fake, monkeypatch):
     assert server.list_servers() == []
 
 
+def test_a_stalled_start_is_stopped_early_and_started_once_more(fake, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("FAKE_VLLM_MODE", "hang-once")
+    monkeypatch.setenv("FAKE_VLLM_MARKER", str(tmp_path / "hung-once"))
+    t0 = time.monotonic()
+    with fake(ready_timeout=60, stall_s=1.5) as srv:
+        assert srv.running and time.monotonic() - t0 < 20  # not at the 60 s deadline
+    err = capsys.readouterr().err
+    assert "made no progress for" in err and "Starting it once more" in err
+    assert server.list_servers() == []
+
+
+def test_a_start_that_stalls_twice_fails_with_the_reason_and_leaves_nothing(fake, monkeypatch):
+    monkeypatch.setenv("FAKE_VLLM_MODE", "hang")
+    t0 = time.monotonic()
+    with pytest.raises(procs.ProcessStalled, match="no new log output and no CPU time"):
+        fake(ready_timeout=60, stall_s=1.5).start()
+    assert time.monotonic() - t0 < 20
+    assert server.list_servers() == []
+
+
+def test_a_slow_start_that_keeps_logging_is_not_a_stall(fake, monkeypatch):
+    monkeypatch.setenv("FAKE_VLLM_DELAY", "4")
+    monkeypatch.setenv("FAKE_VLLM_TICK", "0.5")
+    with fake(ready_timeout=30, stall_s=1.5) as srv:
+        assert srv.running and srv.ready_s > 3.5
+
+
 def test_port_in_use_names_the_pid(fake):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

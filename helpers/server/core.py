@@ -102,6 +102,10 @@ class Server:
     adopted least often, the most recently parked among equals (so a configuration many labs share outlives the
     one-off servers started between them).
 
+    A start that writes no log line and uses no CPU in its process tree for ``stall_s`` seconds is stuck (seen
+    here: a process frozen in the kernel before its first line): it is stopped and started once more, long before
+    ``ready_timeout``. ``stall_s=None`` waits for the deadline.
+
     Introduced in lab 01 (One GPU, One Model).
     """
 
@@ -110,7 +114,8 @@ class Server:
                  host: str = "127.0.0.1", port: int | None = None, api_key: str | None = None,
                  behind_auth_proxy: bool = False, log_dir: str | os.PathLike | None = None,
                  ready_timeout: float = 900.0, python: str | None = None, reuse: bool | None = None,
-                 progress: bool = True, make_room: bool = True, wait_for_slot_s: float | None = None):
+                 progress: bool = True, make_room: bool = True, wait_for_slot_s: float | None = None,
+                 stall_s: float | None = 120.0):
         if not procs.is_loopback(host):
             if not api_key:
                 raise ValueError(f"host={host!r} exposes the server beyond this machine: pass api_key=... so that "
@@ -133,6 +138,7 @@ class Server:
         self.progress = progress
         self.make_room = make_room
         self.wait_for_slot_s = wait_for_slot_s
+        self.stall_s = stall_s
         self.log_dir = Path(log_dir) if log_dir else settings.log_dir()
         self.port: int | None = None
         self.proc: procs.Proc | None = None
@@ -191,14 +197,22 @@ class Server:
         procs.reap()
         if self.reuse and self._adopt():
             return self
-        self._check_capacity(then=self._launch)
-        bar = _progress(self.progress, f"starting vLLM ({self.served_model_name}) on port {self.port}")
-        try:
-            self.ready_s = self.proc.wait_ready(
-                self._healthy, self.ready_timeout, what="vLLM", hint=failure_hint,
-                status=lambda elapsed: bar(elapsed, self.proc.last_line() if self.proc else ""))
-        finally:
-            bar(None, None)
+        for attempt in (1, 2):
+            self._check_capacity(then=self._launch)
+            bar = _progress(self.progress, f"starting vLLM ({self.served_model_name}) on port {self.port}")
+            try:
+                self.ready_s = self.proc.wait_ready(
+                    self._healthy, self.ready_timeout, what="vLLM", hint=failure_hint, stall_s=self.stall_s,
+                    status=lambda elapsed: bar(elapsed, self.proc.last_line() if self.proc else ""))
+                return self
+            except procs.ProcessStalled as e:
+                # Measured here: a vLLM start froze for 15 minutes inside sched_setaffinity (the kernel's
+                # affine_move_task) before printing a line; a fresh process starts normally.
+                if attempt == 2:
+                    raise
+                print(f"{e}\nStarting it once more.", file=sys.stderr)
+            finally:
+                bar(None, None)
         return self
 
     def _adopt(self) -> bool:
@@ -377,7 +391,7 @@ class Server:
 
 _SERVER_KWARGS = {"served_model_name", "engine_args", "env", "host", "port", "api_key", "behind_auth_proxy",
                   "log_dir", "ready_timeout", "python", "reuse", "progress", "make_room", "model",
-                  "wait_for_slot_s"}
+                  "wait_for_slot_s", "stall_s"}
 
 
 def start(model: "str | os.PathLike | Profile | None" = "default", /, **kwargs: Any) -> Server:
