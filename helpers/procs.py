@@ -559,14 +559,21 @@ class Proc:
         return size, round(cpu, 2)
 
     def _waiting_in(self) -> str:
-        """Where the main thread waits in the kernel, when Linux says (``/proc/PID/stack``, else ``wchan``)."""
-        for name in ("stack", "wchan"):
-            with contextlib.suppress(OSError, TypeError):
-                text = Path(f"/proc/{self.pid}/{name}").read_text().strip()
-                frames = [ln.split("] ", 1)[-1].split("+")[0] for ln in text.splitlines()][:3]
-                if frames and frames[0] not in ("", "0"):
-                    return f"; its main thread waits in the kernel at {' <- '.join(frames)}"
-        return ""
+        """Where each process of the tree waits in the kernel, when Linux says (``/proc/PID/stack``, else
+        ``wchan``): a stuck child (vLLM's engine core) leaves its parent waiting in ``poll``."""
+        pids = [self.pid]
+        with contextlib.suppress(psutil.Error, TypeError):
+            pids += [c.pid for c in psutil.Process(self.pid).children(recursive=True)]
+        seen = []
+        for pid in pids:
+            for name in ("stack", "wchan"):
+                with contextlib.suppress(OSError, TypeError):
+                    text = Path(f"/proc/{pid}/{name}").read_text().strip()
+                    frames = [ln.split("] ", 1)[-1].split("+")[0] for ln in text.splitlines()][:2]
+                    if frames and frames[0] not in ("", "0"):
+                        seen.append(f"PID {pid} at {' <- '.join(frames)}")
+                        break
+        return f"; in the kernel, {'; '.join(seen)}" if seen else ""
 
     def stop(self, timeout: float = 20.0) -> None:
         """Stop the process and its whole tree (session included), and forget it."""

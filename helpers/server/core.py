@@ -115,7 +115,7 @@ class Server:
                  behind_auth_proxy: bool = False, log_dir: str | os.PathLike | None = None,
                  ready_timeout: float = 900.0, python: str | None = None, reuse: bool | None = None,
                  progress: bool = True, make_room: bool = True, wait_for_slot_s: float | None = None,
-                 stall_s: float | None = 120.0):
+                 stall_s: float | None = 60.0):
         if not procs.is_loopback(host):
             if not api_key:
                 raise ValueError(f"host={host!r} exposes the server beyond this machine: pass api_key=... so that "
@@ -206,8 +206,10 @@ class Server:
                     status=lambda elapsed: bar(elapsed, self.proc.last_line() if self.proc else ""))
                 return self
             except procs.ProcessStalled as e:
-                # Measured here: a vLLM start froze for 15 minutes inside sched_setaffinity (the kernel's
-                # affine_move_task) before printing a line; a fresh process starts normally.
+                # Measured here, twice in lab 22's scale-out: a vLLM start froze (no CPU in the whole tree) for 15
+                # minutes in the kernel's affine_move_task, once before its first line and once in the engine core
+                # while the API server polled; a fresh process started normally. A healthy start always uses CPU
+                # somewhere in its tree (downloads and weight loads included), so a minute of none is a stall.
                 if attempt == 2:
                     raise
                 print(f"{e}\nStarting it once more.", file=sys.stderr)
