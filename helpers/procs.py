@@ -90,7 +90,7 @@ class ProcessTimeout(ProcessError):
 
 class ProcessStalled(ProcessTimeout):
     """The process made no progress while starting (no new log output, no CPU time in its whole tree) for longer
-    than the start's ``stall_s``; it has been stopped. The message says where its main thread waited.
+    than the start's ``stall_s``; it has been stopped. The message says where each of its processes waited.
 
     Introduced in lab 01 (One GPU, One Model).
     """
