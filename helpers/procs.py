@@ -550,22 +550,21 @@ class Proc:
         """What moves while a process starts: its log's size and its tree's CPU seconds."""
         size = self.log_path.stat().st_size if self.log_path and self.log_path.exists() else 0
         cpu = 0.0
-        with contextlib.suppress(psutil.Error, TypeError):
-            root = psutil.Process(self.pid)
-            for p in [root, *root.children(recursive=True)]:
-                with contextlib.suppress(psutil.Error):
-                    t = p.cpu_times()
-                    cpu += t.user + t.system
+        for p in self._members():
+            with contextlib.suppress(psutil.Error):
+                t = p.cpu_times()
+                cpu += t.user + t.system
         return size, round(cpu, 2)
+
+    def _members(self) -> list[psutil.Process]:
+        """The processes this one started (its session, as :func:`kill_tree` stops them)."""
+        return session_members(self.pid, self.record.create_time if self.record else None) if self.pid else []
 
     def _waiting_in(self) -> str:
         """Where each process of the tree waits in the kernel, when Linux says (``/proc/PID/stack``, else
         ``wchan``): a stuck child (vLLM's engine core) leaves its parent waiting in ``poll``."""
-        pids = [self.pid]
-        with contextlib.suppress(psutil.Error, TypeError):
-            pids += [c.pid for c in psutil.Process(self.pid).children(recursive=True)]
         seen = []
-        for pid in pids:
+        for pid in sorted(p.pid for p in self._members()):
             for name in ("stack", "wchan"):
                 with contextlib.suppress(OSError, TypeError):
                     text = Path(f"/proc/{pid}/{name}").read_text().strip()
