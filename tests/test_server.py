@@ -75,6 +75,17 @@ def test_init_engine_line_with_compilation_time():
     assert info.engine_init_s == 56.20 and info.compile_s == 44.90
 
 
+@pytest.mark.parametrize("held", [0, 1, 80, 136])
+def test_blocks_in_use_inverts_vllms_own_usage_gauge(held):
+    """The gauge's value comes from vLLM's own block pool (the code behind vllm:kv_cache_usage_perc)."""
+    block_pool = pytest.importorskip("vllm.v1.core.block_pool")
+    pool = block_pool.BlockPool(num_gpu_blocks=137, enable_caching=False, hash_block_size=128)
+    pool.get_new_blocks(held)
+    assert server.StartupInfo(num_blocks=137).blocks_in_use(pool.get_usage()) == held
+    with pytest.raises(ValueError, match="num_blocks"):
+        server.StartupInfo().blocks_in_use(0.5)
+
+
 def test_root_cause_and_hint_from_real_failure_log():
     text = (FIXTURES / "vllm_cpu_kv_too_small.log").read_text()
     cause = server.root_cause(text)

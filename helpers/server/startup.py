@@ -80,6 +80,19 @@ class StartupInfo:
             return None
         return (self.kv_cache_gib - 0.005) * 2**30, (self.kv_cache_gib + 0.005) * 2**30
 
+    def blocks_in_use(self, usage: float) -> int:
+        """The blocks held when ``vllm:kv_cache_usage_perc`` reads ``usage``.
+
+        vLLM keeps one block of the pool aside (the null block, never handed to a request) and divides the blocks
+        in use by the rest: ``usage = used / (num_blocks - 1)``. Multiplying by ``num_blocks`` instead overcounts
+        by ``usage`` blocks, one at a full pool (measured in lab 06: 80 blocks in use read as 81).
+
+        Introduced in lab 03 (Sizing the KV Cache).
+        """
+        if not self.num_blocks:
+            raise ValueError("blocks_in_use needs num_blocks: read it from the live server (Server.startup)")
+        return round(usage * (self.num_blocks - 1))
+
     def as_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d.pop("lines")
