@@ -257,7 +257,7 @@ def _lab08(p: runtime.Profile, quick: bool) -> dict[str, Any]:
     default = int(p.engine_args.get("max_num_batched_tokens", 2048))
     # Quick: half the prompt (four chunks at the smallest budget, not eight). The lab spaces the prompts at twice
     # their prefill and runs the decoders until the last one, so the run's length follows the prompt's: on a 2-core
-    # CPU a 1,843-token prefill took 7.8 s and the lab 6.6 minutes of make test.
+    # CPU a 1,843-token prompt waited 7.8 s for its first token and the lab took 6.6 minutes of CI.
     long_prompt = min(int((0.45 if quick else 0.9) * default), p.max_model_len - 64)
     budgets = [default, default // 8] if quick else [default, default // 4, default // 8]
     decoders = 4 if not _gpu(p) else 32
