@@ -274,8 +274,7 @@ def _lab08(p: runtime.Profile, quick: bool) -> dict[str, Any]:
                        "long_prompts": 3 if quick else 6, "prompt_every_s": 2.5 if not _gpu(p) else 0.5,
                        "lead_s": 1.0 if not _gpu(p) else 0.2,
                        # section 5: a short prompt behind a long one at the smallest budget, the cap off and on;
-                       # an odd number of pairs, so one slow pair cannot move the median (with 2, the capped
-                       # shorts' p50 once read 1,256 ms against 502 predicted and 2,329 uncapped)
+                       # an odd number of pairs, so the median is one request's TTFT, not the mean of two
                        "hol": {"long": hol_long, "short": 64, "cap": budgets[-1] // 4, "pairs": 3 if quick else 5}},
             "checks": [_fits_context(long_prompt + 8, p.max_model_len, "a long prompt"),
                        {"claim": f"section 5's cap ({budgets[-1] // 4}) plus its short prompt (64) fit one step of the "
