@@ -87,12 +87,17 @@ test: setup
 	$(MAKE) test-unit
 	$(MAKE) test-labs
 
+# Two pytest runs side by side: the tests that start real vLLM servers (marker `vllm`) one after another, as the
+# machine's two-server limit needs, and the CPU-only tests beside them on the core a starting server leaves idle (its
+# processes import vLLM one at a time); the CPU-only run's output is shown when both are done.
 test-unit: setup
-	$(PY) -m pytest tests -q -p no:cacheprovider --durations=10
+	log=$$(mktemp); $(PY) -m pytest tests -q -p no:cacheprovider -m "not vllm" --durations=5 >$$log 2>&1 & cpu=$$!; \
+	$(PY) -m pytest tests -q -p no:cacheprovider -m vllm --durations=10; real=$$?; \
+	wait $$cpu; rc=$$?; echo "== CPU-only tests"; cat $$log; rm -f $$log; [ $$real = 0 ] && [ $$rc = 0 ]
 
 # Labs whose CI-sized run does not yet fit make test's budget on a 2-core CPU (each starts several servers or builds
 # checkpoints: 3-6 minutes alone, see ci/README.md); `make test-labs-all` runs every lab, as the GPU runner does.
-LABS_OUTSIDE_MAKE_TEST ?= 12 13 14 15 16 17 18 21 22 23
+LABS_OUTSIDE_MAKE_TEST ?= 12 13 14 16 17 18 22 23
 
 test-labs: setup check-notebooks
 	session=make-test-$$$$; export LABS_SESSION=$$session LABS_QUICK=1 LABS_HEADLESS=1 LABS_REUSE_SERVER=1; \
