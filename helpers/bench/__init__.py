@@ -28,7 +28,7 @@ several processes); ``stats`` (distributions, windows, the two goodputs; no file
 
 from . import charts
 from .arrivals import Arrivals, Concurrent, ConstantRate, Poisson, Ramp, Steps, Synchronous, make_arrivals
-from .batching import interpolate, static_batches
+from .batching import decode_steps_ms, interpolate, static_batches, with_output_lengths
 from .calibration import CalibrationConfig, CalibrationServer
 from .client import ClientConfig, StreamParser, build_payload
 from .conversations import CONVERSATIONS, Conversations
@@ -60,7 +60,7 @@ __all__ = [
     # running and saved runs
     "run", "Target", "target_of", "reconcile", "choose_workers", "RunResult", "RunFolder", "load_run", "records_of",
     # static batching, for comparison; reading a measured curve
-    "static_batches", "interpolate",
+    "static_batches", "with_output_lengths", "decode_steps_ms", "interpolate",
     # searches
     "sweep", "SweepResult", "find_max_rate", "MaxRateResult", "Probe", "Remeasure",
     # statistics

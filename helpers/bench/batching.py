@@ -14,7 +14,8 @@ Introduced in lab 07 (Continuous Batching).
 
 from __future__ import annotations
 
-from typing import Any
+import dataclasses
+from typing import Any, Callable, Sequence
 
 from .arrivals import Concurrent
 from .runner import run
@@ -22,7 +23,7 @@ from .stats import summarize
 from .store import RunResult
 from .workloads import Workload
 
-__all__ = ["static_batches", "interpolate"]
+__all__ = ["static_batches", "with_output_lengths", "decode_steps_ms", "interpolate"]
 
 
 def static_batches(workload: Workload, batch: int, *, base_url: Any, **run_kwargs: Any) -> RunResult:
@@ -47,6 +48,44 @@ def static_batches(workload: Workload, batch: int, *, base_url: Any, **run_kwarg
     summary.warnings += sorted(set(warnings))
     return RunResult(records=records, summary=summary,
                      config={"label": f"static batches of {batch}", "batch": batch, "num_requests": len(records)})
+
+
+def with_output_lengths(workload: Workload, lengths: Sequence[int]) -> Workload:
+    """``workload`` with request ``i``'s output fixed at ``lengths[i % len(lengths)]`` tokens: the same prompts,
+    replies that differ only in how long they run (``[128, 16, 16, 16]``: one long reply in four, as chat traffic has).
+
+    Introduced in lab 07 (Continuous Batching).
+    """
+    if not lengths or any(int(n) < 1 for n in lengths):
+        raise ValueError(f"output lengths must be >= 1 tokens, got {list(lengths)}")
+    reqs = [dataclasses.replace(r, max_output_tokens=int(lengths[i % len(lengths)]),
+                                min_output_tokens=int(lengths[i % len(lengths)])) for i, r in enumerate(workload.requests)]
+    return Workload(workload.endpoint, reqs, list(workload.warmup), {**workload.spec, "output_lengths": list(lengths)})
+
+
+def decode_steps_ms(outputs: Sequence[int], batch: int, step_ms: Callable[[int], float], *,
+                    continuous: bool = True) -> float:
+    """Milliseconds of decode steps to produce ``outputs`` (output tokens per request, in arrival order) with
+    ``batch`` slots, a step with ``k`` requests in flight costing ``step_ms(k)`` and giving each of them one token.
+
+    ``continuous``: a finished request's slot goes to the next request at once (vLLM); otherwise static batching:
+    ``batch`` requests at a time, the next batch only after the slowest of them ends. Prefill is left out (the same
+    prompts cost the same either way), and with it each request's first token: a request of ``n`` output tokens
+    needs ``n - 1`` decode steps. With a step cost that does not depend on ``k`` (a GPU, weights dominating
+    the bytes read), static over continuous is the share of held slots static uses.
+
+    Introduced in lab 07 (Continuous Batching).
+    """
+    if batch < 1:
+        raise ValueError(f"batch must be >= 1, got {batch}")
+    waiting, running, total = [int(n) - 1 for n in outputs if int(n) > 1], [], 0.0
+    while waiting or running:
+        if continuous or not running:  # fill the free slots
+            while waiting and len(running) < batch:
+                running.append(waiting.pop(0))
+        total += step_ms(len(running))
+        running = [n - 1 for n in running if n > 1]
+    return total
 
 
 def interpolate(xs: list[float], ys: list[float], x: float, log_x: bool = True) -> float:

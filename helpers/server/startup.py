@@ -48,7 +48,8 @@ class StartupInfo:
     kv_cache_tokens: int | None = None        # "KV cache size: N tokens"
     max_concurrency: float | None = None      # "Maximum concurrency for L tokens per request: Xx"
     concurrency_len: int | None = None        # the L that concurrency assumes (max_model_len)
-    max_num_batched_tokens: int | None = None  # "Chunked prefill is enabled with max_num_batched_tokens=N"
+    max_num_batched_tokens: int | None = None  # "Chunked prefill is enabled with max_num_batched_tokens=N", or the
+                                               # non-default args vLLM echoes (the profiles always pass it)
     engine_init_s: float | None = None        # "init engine (profile, create kv cache, warmup model) took"
     compile_s: float | None = None            # torch.compile time (0 when compilation is off)
     graph_capture_s: float | None = None      # CUDA graphs
@@ -128,6 +129,7 @@ _LOG_PATTERNS: list[re.Pattern[str]] = [re.compile(p) for p in (
     r"(?:GPU|CPU|XPU|TPU|HPU)[\w +]* KV cache size: (?P<kv_cache_tokens>[\d,]+) tokens",
     r"Maximum concurrency for (?P<concurrency_len>[\d,]+) tokens per request: (?P<max_concurrency>[\d.]+)x",
     r"Chunked prefill is enabled with max_num_batched_tokens=(?P<max_num_batched_tokens>\d+)",
+    r"non-default args: .*'max_num_batched_tokens': (?P<max_num_batched_tokens>\d+)",  # vLLM 0.32 logs no line above
     r"init engine \(profile, create kv cache, warmup model\) took (?P<engine_init_s>[\d.]+) s"
     r"(?:econds)?(?: \(compilation: (?P<compile_s>[\d.]+) s)?",
     r"torch\.compile (?:takes|took) (?P<compile_s>[\d.]+) s in total",
