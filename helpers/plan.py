@@ -560,7 +560,8 @@ def _lab19(p: runtime.Profile, quick: bool) -> dict[str, Any]:
                        "batches": [1, 8] if quick else [1, 4, 16], "repeats": 2 if quick else 4,
                        "kv_cache_memory_bytes": 256 << 20,
                        "routing_texts": 8 if quick else 40, "routing_max_tokens": 256,
-                       "greedy_prompts": 4, "greedy_tokens": 8, "ep_sizes": [2, 4, 8],
+                       # texts (their first 300 characters) on which vLLM and transformers rank next tokens
+                       "compare_texts": 4, "ep_sizes": [2, 4, 8],
                        "catalog": ["mixtral-8x7b", "qwen3-30b-a3b", "gpt-oss-20b", "deepseek-v3"],
                        "ep_model": "Qwen/Qwen3-30B-A3B", "ep_gpus": 8},
             "checks": [_fits_context(inp + out, 2048, "each request")]}

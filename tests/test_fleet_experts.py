@@ -70,5 +70,13 @@ def test_the_router_of_a_real_checkpoint_picks_k_distinct_experts_per_token():
     assert choices.shape == (64, spec["num_hidden_layers"], k)
     assert all(len(set(row)) == k for row in choices.reshape(-1, k).tolist())
     assert experts.expert_load(choices, e).sum(axis=1).tolist() == [64 * k] * spec["num_hidden_layers"]
-    again = experts.greedy_tokens(path, texts[:1], 4)
-    assert len(again) == 1 and len(again[0]) == 4
+    # teacher-forced choices: one per position after the first; the last is what greedy generation emits first
+    import torch
+    tok, model = experts._load(path)
+    ids = tok(texts[0], return_tensors="pt").input_ids
+    firsts = experts.next_token_choices(path, texts[:1])
+    assert len(firsts) == 1 and len(firsts[0]) == ids.shape[1] - 1
+    with torch.no_grad():
+        generated = model.generate(ids, max_new_tokens=1, do_sample=False, pad_token_id=tok.eos_token_id or 0)
+    assert firsts[0][-1] == int(generated[0, -1])
+    assert len(experts.next_token_choices(path, texts[:1], dtype="bfloat16")[0]) == len(firsts[0])

