@@ -72,7 +72,8 @@ def decode_steps_ms(outputs: Sequence[int], batch: int, step_ms: Callable[[int],
     ``batch`` requests at a time, the next batch only after the slowest of them ends. Prefill is left out (the same
     prompts cost the same either way), and with it each request's first token: a request of ``n`` output tokens
     needs ``n - 1`` decode steps. With a step cost that does not depend on ``k`` (a GPU, weights dominating
-    the bytes read), static over continuous is the share of held slots static uses.
+    the bytes read), static pays for ``batch`` slots through each batch's longest request and uses only the share
+    its requests need; continuous stays within one longest request of perfect packing (Graham's bound).
 
     Introduced in lab 07 (Continuous Batching).
     """
