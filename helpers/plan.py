@@ -215,9 +215,9 @@ def _lab05(p: runtime.Profile, quick: bool) -> dict[str, Any]:
     calib = [c for c in calib if c < context] or [context // 8, context // 4, context // 2]
     out = 16
     # Three repeats, quick or not: one request's TTFT moved by 3-5% between repeats here (the 4,080-token target
-    # measured 7.53-8.26 s in four runs of this lab), and the fit carries that to the target. Counting attention
-    # per chunk as a square (sizing.prefill_flops, attention="masked") did not do better than causal pairs on this
-    # CPU: over those four runs -8% to +1% against -6% to +6%.
+    # measured 7.31-8.26 s in five runs of this lab, the fit's error -6% to +6%), and the fit carries that to the
+    # target. Counting attention per prefill chunk as a full square instead of causal pairs was tried and did no
+    # better here (-8% to +3%).
     # Decode rounds: at least decode_rounds, then more while the target's ITL CI is wide. CI's shared runner once
     # measured 80-177 ms from five requests (one slow spell) where this machine measured 79-97 ms.
     return {"max_model_len": p.max_model_len, "max_request_tokens": context,

@@ -16,35 +16,6 @@ def test_prefill_flops_split_matches_the_roofline_total():
     assert lin2 / lin == pytest.approx(2, rel=0.01) and att2 / att == pytest.approx(4, rel=0.01)
 
 
-def test_masked_attention_counts_each_chunk_square_causal_ignores_chunks():
-    per_key = 2 * CFG.heads * (CFG.head_dim + CFG.v_head_dim) * CFG.layers
-    # brute force: each chunk's queries against every key up to the chunk's end
-    assert sizing.prefill_flops(CFG, 3000, chunk=2048, attention="masked")[1] == \
-        pytest.approx(per_key * (2048 * 2048 + 952 * 3000))
-    assert sizing.prefill_flops(CFG, 1000, attention="masked")[1] == pytest.approx(per_key * 1000 * 1000)
-    # a causal-skipping kernel does the same work however the prompt is chunked: n(n+1)/2 pairs
-    causal = sizing.prefill_flops(CFG, 3000)[1]
-    assert sizing.prefill_flops(CFG, 3000, chunk=2048)[1] == causal == pytest.approx(per_key * 3000 * 3001 / 2)
-    # both count the same linear work; prefix-cached tokens are keys, not queries
-    assert sizing.prefill_flops(CFG, 952, cached=2048, chunk=2048, attention="masked")[1] == \
-        pytest.approx(per_key * 952 * 3000)
-    with pytest.raises(ValueError, match="attention must be one of"):
-        sizing.prefill_flops(CFG, 100, attention="full")
-
-
-def test_fit_prefill_with_masked_chunks_recovers_rates_a_causal_fit_misses():
-    r_lin, r_att, c0 = 3e11, 1.5e11, 0.05
-    flops = lambda n: sizing.prefill_flops(CFG, n, chunk=2048, attention="masked")  # noqa: E731
-    truth = lambda n: c0 + flops(n)[0] / r_lin + flops(n)[1] / r_att  # noqa: E731
-    pts = [(n, truth(n)) for n in (512, 1024, 2048, 3072)]
-    fit = sizing.fit_prefill(CFG, pts, chunk=2048, attention="masked")
-    assert fit.attention_flops_per_s == pytest.approx(r_att, rel=1e-6) and fit.chunk == 2048
-    assert fit.predict(8000) == pytest.approx(truth(8000), rel=1e-6)
-    assert "chunks of 2,048" in fit.describe() and "chunks" not in sizing.fit_prefill(CFG, pts, chunk=2048).describe()
-    # counted as causal pairs, the same measurements extrapolate too high (what lab 05 saw on a CPU)
-    assert sizing.fit_prefill(CFG, pts).predict(8000) > 1.05 * truth(8000)
-
-
 def test_fit_prefill_recovers_two_rates_and_extrapolates():
     r_lin, r_att, c0 = 3e11, 1.5e11, 0.02
     truth = lambda n: c0 + sizing.prefill_flops(CFG, n)[0] / r_lin + sizing.prefill_flops(CFG, n)[1] / r_att  # noqa

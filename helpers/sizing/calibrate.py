@@ -8,12 +8,7 @@ carries it to where it is not:
 
 - **prefill** (compute-bound): ``t = overhead + linear_FLOPs / R_linear + attention_FLOPs / R_attention``.
   The matmuls (2 x parameters per token) and attention (quadratic in the prompt) run at different
-  achieved rates, so each gets its own; fitted by least squares on a few prompt lengths. vLLM prefills a long
-  prompt in chunks of its token budget (``max_num_batched_tokens``), and how attention work is counted follows
-  the kernel: ``"causal"`` pairs only (a kernel that skips masked tiles, as FlashAttention does; chunking then
-  changes nothing), or ``"masked"``: each chunk's queries against every key up to the chunk's end (a kernel that
-  computes the causal mask's square and discards half of it; then a chunked prompt costs less per token pair
-  than one chunk of the same length).
+  achieved rates, so each gets its own; fitted by least squares on a few prompt lengths.
 - **decode** (memory-bound): ``t = overhead + bytes_read / B_achieved``, where a step reads the weights
   once plus every sequence's KV cache; fitted on short contexts, it predicts long ones (the KV term grows).
 
@@ -73,33 +68,14 @@ def fit_line(points: Iterable[tuple[float, float]]) -> LinearFit:
     return LinearFit(float(intercept), float(slope), r2, pts)
 
 
-ATTENTION_COUNTS = ("causal", "masked")
-
-
-def prefill_flops(cfg: "ModelConfig | Mapping[str, Any] | str", tokens: int, cached: int = 0, *,
-                  chunk: int | None = None, attention: str = "causal") -> tuple[float, float]:
+def prefill_flops(cfg: "ModelConfig | Mapping[str, Any] | str", tokens: int, cached: int = 0) -> tuple[float, float]:
     """(linear FLOPs, attention FLOPs) to prefill ``tokens`` after ``cached`` ones: the two terms of :func:`fit_prefill`.
-
-    ``chunk`` is the scheduler's token budget (vLLM's ``max_num_batched_tokens``: a longer prompt is prefilled in
-    chunks of it); ``attention`` says how the kernel spends attention work (see the module's docstring):
-    ``"causal"`` counts each query's keys up to itself, ``"masked"`` each chunk's queries against every key up to
-    the chunk's end. Without ``chunk``, the prompt is one chunk.
 
     Introduced in lab 05 (Where the Time Goes).
     """
     cfg = load_config(cfg)
-    if attention not in ATTENTION_COUNTS:
-        raise ValueError(f"attention must be one of {ATTENTION_COUNTS}, got {attention!r}")
-    if chunk is not None and chunk < 1:
-        raise ValueError(f"chunk (the scheduler's token budget) must be >= 1, got {chunk}")
     linear = 2.0 * _matmul_params(cfg) * tokens + 2.0 * cfg.vocab * cfg.hidden
-    if attention == "causal":
-        return linear, _attention_flops(cfg, "prefill", cached, tokens)
-    att, end, step = 0.0, cached + tokens, chunk or max(tokens, 1)
-    for start in range(cached, end, step):
-        n = min(step, end - start)
-        att += n * _attention_flops(cfg, "prefill", start + n - 1, 1)  # every query sees the chunk's last key
-    return linear, att
+    return linear, _attention_flops(cfg, "prefill", cached, tokens)
 
 
 def _nonneg_lstsq(X: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -130,13 +106,11 @@ class PrefillFit:
     attention_flops_per_s: float | None    # achieved on attention
     points: list[tuple[int, float]] = field(default_factory=list)  # (prompt tokens, seconds) it was fitted on
     peak_flops_per_s: float | None = None
-    chunk: int | None = None               # the scheduler's token budget the points were measured under
-    attention: str = "causal"              # how attention work is counted (see prefill_flops)
     _cfg: Any = None
 
     def predict(self, tokens: int, cached: int = 0) -> float:
         """Predicted seconds to prefill ``tokens`` prompt tokens (after ``cached`` cached ones)."""
-        lin, att = prefill_flops(self._cfg, tokens, cached, chunk=self.chunk, attention=self.attention)
+        lin, att = prefill_flops(self._cfg, tokens, cached)
         t = self.overhead_s
         if self.linear_flops_per_s:
             t += lin / self.linear_flops_per_s
@@ -160,18 +134,14 @@ class PrefillFit:
         frac = f" ({self.fraction_of_peak:.0%} of peak)" if self.fraction_of_peak else ""
         if (self.fraction_of_peak or 0) > 1:  # the rates share out one time between two terms that move together
             frac = f" ({self.fraction_of_peak:.0%} of the measured peak: the split between the two rates is a fit)"
-        counted = "causal pairs" if self.attention == "causal" else \
-            f"each chunk's queries x keys to its end, chunks of {self.chunk:,}" if self.chunk else "the full square"
         return (f"prefill = {self.overhead_s * 1e3:.0f} ms + linear FLOPs at {fmt(self.linear_flops_per_s)}{frac} "
-                f"+ attention FLOPs ({counted}) at {fmt(self.attention_flops_per_s)}; fitted on "
+                f"+ attention FLOPs at {fmt(self.attention_flops_per_s)}; fitted on "
                 f"{', '.join(str(n) for n, _ in self.points)} tokens")
 
 
 def fit_prefill(cfg: "ModelConfig | Mapping[str, Any] | str", points: Iterable[tuple[int, float]],
-                hw: Hardware | None = None, overhead: bool = True, *, chunk: int | None = None,
-                attention: str = "causal") -> PrefillFit:
-    """Fit :class:`PrefillFit` to measured ``(prompt tokens, TTFT seconds)`` points (at least 3 lengths), measured
-    under the token budget ``chunk``, counting attention work as ``attention`` says (see :func:`prefill_flops`).
+                hw: Hardware | None = None, overhead: bool = True) -> PrefillFit:
+    """Fit :class:`PrefillFit` to measured ``(prompt tokens, TTFT seconds)`` points (at least 3 lengths).
 
     Introduced in lab 05 (Where the Time Goes).
     """
@@ -179,7 +149,7 @@ def fit_prefill(cfg: "ModelConfig | Mapping[str, Any] | str", points: Iterable[t
     pts = [(int(n), float(s)) for n, s in points]
     if len({n for n, _ in pts}) < 3:
         raise ValueError("fit_prefill needs measurements at three or more prompt lengths")
-    rows = [prefill_flops(cfg, n, chunk=chunk, attention=attention) for n, _ in pts]
+    rows = [prefill_flops(cfg, n) for n, _ in pts]
     X = np.array([[1.0 if overhead else 0.0, lin, att] for lin, att in rows])
     y = np.array([s for _, s in pts])
     # Scale the columns so the solver sees numbers of similar size; weight rows by 1/y (relative error).
@@ -193,7 +163,7 @@ def fit_prefill(cfg: "ModelConfig | Mapping[str, Any] | str", points: Iterable[t
     return PrefillFit(model=cfg.name, overhead_s=float(coef[0]),
                       linear_flops_per_s=1.0 / coef[1] if coef[1] > 0 else None,
                       attention_flops_per_s=1.0 / coef[2] if coef[2] > 0 else None,
-                      points=pts, peak_flops_per_s=peak, chunk=chunk, attention=attention, _cfg=cfg)
+                      points=pts, peak_flops_per_s=peak, _cfg=cfg)
 
 
 @dataclass
