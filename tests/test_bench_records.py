@@ -13,7 +13,7 @@ import pytest
 from helpers.bench import (SLO, ClientLimits, Concurrent, ConstantRate, LoopHealth, Poisson, Ramp, Steps, RequestResult,
                            StreamParser, Timings, bootstrap_quantile, chunk_gaps, choose_workers, compare, goodput,
                            itl_values, make_arrivals, pooled_itl_median, quantile_with_ci, steady_state_window,
-                           summarize, wilson_interval)
+                           summarize, tracking, wilson_interval)
 from helpers.bench.health import client_report, judge
 from helpers.bench.records import Request
 from helpers.bench.runner import STREAM_CHUNKS_PER_S, WORKER_CHUNKS_PER_S
@@ -175,6 +175,32 @@ def test_steady_state_window_excludes_ramp_up_and_drain():
     assert s.request_throughput == pytest.approx(1.0, rel=0.07)
     assert s.output_throughput == pytest.approx(10.0, rel=0.07)
     assert s.total_output_throughput < 0.95 * 10.0
+
+
+def test_tracking_compares_completions_with_the_arrivals_one_e2e_earlier():
+    """Random arrivals, a server that keeps up (every request 2.5 s): tracking is 1 however the arrivals clump,
+    where the window's throughput over the whole run's arrival rate is not."""
+    new, mixed = [], []
+    for seed in range(10):
+        rng = np.random.default_rng(seed)
+        dispatch, e2e = np.cumsum(rng.exponential(1.0, 20)), rng.uniform(2.45, 2.55, 20)
+        recs = [result(rid=str(i), dispatch=float(d), chunks=[(float(d) + 0.5, 1), (float(d + e), 1)])
+                for i, (d, e) in enumerate(zip(dispatch, e2e))]
+        s = summarize(recs)
+        assert s.window.method == "steady-state"
+        new.append(tracking(recs))
+        mixed.append(s.request_throughput / s.achieved_rate)  # the window's throughput over the whole run's rate
+    assert max(abs(t - 1.0) for t in new) < 0.07  # within one request of a window's ~15
+    assert max(abs(t - 1.0) for t in mixed) > 0.15
+
+    # a FIFO server finishing one request every 2 s against arrivals every 1 s: it keeps up with half the load
+    queued, free = [], 0.0
+    for i in range(40):
+        start = max(float(i), free)
+        free = start + 2.0
+        queued.append(result(rid=str(i), dispatch=float(i), chunks=[(start + 1.0, 1), (free, 1)]))
+    assert 0.4 < tracking(queued) < 0.6
+    assert tracking([]) is None
 
 
 def test_short_runs_fall_back_to_the_whole_span_with_a_note():

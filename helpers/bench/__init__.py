@@ -40,7 +40,7 @@ from .runner import Target, choose_workers, reconcile, run, target_of
 from .search import MaxRateResult, Probe, Remeasure, SweepResult, find_max_rate, sweep
 from .stats import (SLO, Comparison, Distribution, Goodput, Latencies, Summary, Window, bootstrap_quantile,
                     metric_values, pooled_itl_median, quantile_with_ci, steady_state_window, summarize,
-                    requests_to_show, wilson_interval)
+                    requests_to_show, tracking, wilson_interval)
 from .store import RunFolder, RunResult, compare, goodput, load_run, records_of
 from .traces import EXAMPLE_TRACE, Trace, TraceArrivals
 from .workloads import (SAMPLE_CHAT, FixedLength, FromJsonl, SharedPrefix, TokenCounter, Workload, WorkloadSpec,
@@ -65,7 +65,7 @@ __all__ = [
     "sweep", "SweepResult", "find_max_rate", "MaxRateResult", "Probe", "Remeasure",
     # statistics
     "SLO", "Summary", "Distribution", "Latencies", "Window", "Goodput", "Comparison", "summarize",
-    "steady_state_window", "goodput", "compare", "metric_values", "bootstrap_quantile", "pooled_itl_median",
+    "steady_state_window", "tracking", "goodput", "compare", "metric_values", "bootstrap_quantile", "pooled_itl_median",
     "quantile_with_ci", "requests_to_show", "wilson_interval",
     # calibration
     "CalibrationServer", "CalibrationConfig",

@@ -442,6 +442,35 @@ def goodput(records_or_run: Any, slo: SLO) -> Goodput:
                    attainment_n=len(judged))
 
 
+def tracking(records_or_run: Any) -> float | None:
+    """How much of the offered load a run's server kept up with: 1 while it does, below 1 past its capacity.
+
+    In a steady-state window a request that arrives at ``t`` ends about one median E2E ``m`` later, so the
+    requests ending in ``[start, end]`` are compared with those *arriving* in ``[start - m, end - m]``: the same
+    requests when the server keeps up, whatever the random arrivals did, and fewer when a queue grows. (Dividing the
+    window's throughput by the whole run's arrival rate mixes two spans: a 20-request Poisson run at 1 req/s once
+    read 0.70 for a server that kept up.) When the window fell back to the whole span (a saturated run whose E2E
+    outgrows it), it is requests completed per second of the whole span over the realized arrival rate.
+    ``None`` when nothing was dispatched or completed.
+
+    Introduced in lab 11 (Latency, Throughput, Goodput).
+    """
+    rs = [r for r in _measured(_records_of(records_or_run)) if r.timings.t_dispatched is not None]
+    done = [r for r in rs if r.ok and r.e2e_ms is not None]
+    win = steady_state_window(rs)
+    if win is None or not done:
+        return None
+    if win.method == "steady-state":
+        m = float(np.median([r.e2e_ms for r in done])) / 1000.0
+        came_back = sum(1 for r in done if win.contains(r.timings.t_end))
+        offered = sum(1 for r in rs if win.start - m <= r.timings.t_dispatched <= win.end - m)
+        return came_back / offered if offered else None
+    disp = sorted(r.timings.t_dispatched for r in rs)
+    if len(disp) < 2 or disp[-1] <= disp[0] or win.duration_s <= 0:
+        return None
+    return (len(done) / win.duration_s) / ((len(disp) - 1) / (disp[-1] - disp[0]))
+
+
 # ------------------------------------------------------------------------------------- summary
 @dataclass
 class Latencies:
