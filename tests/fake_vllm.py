@@ -66,6 +66,16 @@ class Handler(http.server.BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
+    def do_POST(self):  # vLLM's development routes exist only with VLLM_SERVER_DEV_MODE=1
+        known = self.path in ("/collective_rpc", "/reset_prefix_cache")
+        ok = known and os.environ.get("VLLM_SERVER_DEV_MODE") == "1"
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        if ok and self.path == "/collective_rpc":
+            print(f"collective_rpc {body.decode()}", flush=True)
+        self.send_response(200 if ok else 404)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
     def log_message(self, *a):
         pass
 

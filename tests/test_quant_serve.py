@@ -1,7 +1,8 @@
 """Quantized checkpoints served by real vLLM on CPU: W8A8 INT8, W4A16 GPTQ (group 64) and a fake-quantized bf16
 checkpoint each start and answer a greedy completion; the log names the linear kernel vLLM picked.
 
-Three server starts (about 40-50 s each here) plus, on a cold cache, the W4A16 GPTQ build of three decoder layers
+The fake-quantized one also swaps weights in place (`Server.swap_weights`) and back. Three server starts (about
+40-50 s each here) plus, on a cold cache, the W4A16 GPTQ build of three decoder layers
 (about a minute; the real-server tests run beside tests/test_quant_build.py, which builds the same one: the second
 to ask waits on the cache's lock and finds it).
 """
@@ -14,7 +15,7 @@ import time
 
 import pytest
 
-from helpers import quant, runtime, server
+from helpers import evals, quant, runtime, server
 
 TEST_SAMPLES = 16  # as tests/test_quant_build.py: the same cached GPTQ checkpoint
 
@@ -37,11 +38,11 @@ _KERNEL = re.compile(r"(?:Selected|Using) (\w+Kernel) for (\w+)")  # "Selected C
 _QUANT = re.compile(r"\bquantization=([\w-]+)")     # the engine config line
 
 
-def _start(prof: runtime.Profile, path: str) -> server.Server:
+def _start(prof: runtime.Profile, path: str, **kw) -> server.Server:
     deadline = time.monotonic() + 600
     while True:
         try:
-            return server.start(prof.replace(model=path), max_model_len=1024, reuse=False, progress=False)
+            return server.start(prof.replace(model=path), max_model_len=1024, reuse=False, progress=False, **kw)
         except server.TooManyServers:  # other labs' servers on this machine: wait for a slot
             if time.monotonic() > deadline:
                 raise
@@ -71,7 +72,7 @@ def test_quantized_checkpoint_serves_on_cpu(which, method, kernel, record_proper
         except quant.UnservableError as e:  # INT4 on a CPU without AVX-512: check the refusal is still true
             refused = e
     record_property("build_s", ckpt.seconds)
-    srv = _start(runtime.profile("cpu"), str(ckpt.path))
+    srv = _start(runtime.profile("cpu"), str(ckpt.path), swappable=which.startswith("fake"))
     try:
         if refused is not None:
             with pytest.raises(Exception):
@@ -91,6 +92,8 @@ def test_quantized_checkpoint_serves_on_cpu(which, method, kernel, record_proper
         record_property("kernel_lines", lines)
         record_property("completion", text)
         print(f"\n{which}: ready in {srv.ready_s:.0f} s; completion {text!r}\n  " + "\n  ".join(lines))
+        if srv.env.get("VLLM_SERVER_DEV_MODE") == "1":
+            _check_swap(srv, ckpt.path)
     finally:
         srv.terminate()
     assert text.strip(), "an empty completion"
@@ -99,3 +102,21 @@ def test_quantized_checkpoint_serves_on_cpu(which, method, kernel, record_proper
         assert any(kernel in ln for ln in lines), f"{kernel} not in the log's kernel lines: {lines}"
     else:  # bf16 weights, whatever format they were rounded through: no quantized linear kernel at all
         assert lines == [], lines
+
+
+def _check_swap(srv: server.Server, ckpt_path) -> None:
+    """The server started on the fake-quantized checkpoint; swapping the original weights in moves its next-token
+    distributions, and swapping the checkpoint back gives exactly the freshly started server's: the in-place load
+    is the same as a start, with no stale weights (a CPU kernel's packed copy, a tied head) left behind."""
+    texts = ["The capital of France is Paris, and the capital of Italy is Rome.",
+             "def add(a, b):\n    return a + b\n\nprint(add(2, 3))"]
+    fresh = evals.prompt_logprobs(srv, texts)
+    assert srv.swap_weights("default") < 60 and srv.weights_path is not None
+    original = evals.prompt_logprobs(srv, texts)
+    assert srv.swap_weights(ckpt_path) < 60 and srv.weights_path is None  # its own weights again: parkable
+    again = evals.prompt_logprobs(srv, texts)
+    assert again == fresh
+    moved = evals.drift(fresh, original)
+    assert moved.kl_mean > 1e-3, moved
+    with pytest.raises(ValueError, match="quantized checkpoint"):
+        srv.swap_weights(quant.build("default", quant.recipe("w8a8-rtn"), samples=TEST_SAMPLES).path)

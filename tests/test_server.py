@@ -379,6 +379,35 @@ def test_reuse_parks_and_adopts_same_arguments_only(fake):
     c.terminate()
 
 
+def test_swap_weights_loads_a_same_shape_checkpoint_in_place_and_never_parks_it(fake, tmp_path):
+    with pytest.raises(ValueError, match="development routes"):
+        fake(host="0.0.0.0", api_key="secret", behind_auth_proxy=True, swappable=True)
+    plain = fake().start()
+    with pytest.raises(server.ServerError, match="swappable=True"):
+        plain.swap_weights(tmp_path / "model")
+    plain.terminate()
+
+    copy, other, packed = (tmp_path / n for n in ("copy", "other", "packed"))
+    for d, cfg in ((copy, {}), (other, {"hidden_size": 64}), (packed, {"quantization_config": {"quant_method": "x"}})):
+        d.mkdir()
+        (d / "config.json").write_text(json.dumps(cfg))
+    srv = fake(reuse=True, swappable=True).start()
+    assert "VLLM_SERVER_DEV_MODE=1" in srv.command() and srv.key != fake(reuse=True).key
+    with pytest.raises(ValueError, match="architecture.*hidden_size"):
+        srv.swap_weights(other)
+    with pytest.raises(ValueError, match="quantized checkpoint"):
+        srv.swap_weights(packed)
+    with pytest.raises(FileNotFoundError, match="no config.json"):
+        srv.swap_weights(tmp_path / "nowhere")
+    assert srv.weights_path is None  # refused before anything was sent
+    srv.swap_weights(copy)
+    assert srv.weights_path == str(copy)
+    assert f'"reload_weights","kwargs":{{"weights_path":"{copy}"}}' in srv.log_text()  # what vLLM got
+    pid = srv.pid
+    srv.stop()  # reuse is on, but its weights are no longer the ones its key names: stopped, not parked
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
 def test_a_full_machine_makes_room_by_stopping_this_sessions_oldest_parked_server(fake, monkeypatch):
     monkeypatch.setenv("LABS_MAX_SERVERS", "1")
     a = fake(reuse=True, engine_args={"max_model_len": 2048})

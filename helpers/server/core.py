@@ -106,6 +106,9 @@ class Server:
     here: a process frozen in the kernel before its first line): it is stopped and started once more, long before
     ``ready_timeout``. ``stall_s=None`` waits for the deadline.
 
+    ``swappable=True`` lets :meth:`swap_weights` load another checkpoint of the same model into the running server
+    (it turns on vLLM's development routes, so it is refused on a host other than loopback).
+
     Introduced in lab 01 (One GPU, One Model).
     """
 
@@ -115,7 +118,10 @@ class Server:
                  behind_auth_proxy: bool = False, log_dir: str | os.PathLike | None = None,
                  ready_timeout: float = 900.0, python: str | None = None, reuse: bool | None = None,
                  progress: bool = True, make_room: bool = True, wait_for_slot_s: float | None = None,
-                 stall_s: float | None = 60.0):
+                 stall_s: float | None = 60.0, swappable: bool = False):
+        if swappable and not procs.is_loopback(host):
+            raise ValueError(f"swappable=True opens vLLM's development routes (/collective_rpc, /reset_prefix_cache) "
+                             f"with no key: keep host='127.0.0.1', not {host!r}.")
         if not procs.is_loopback(host):
             if not api_key:
                 raise ValueError(f"host={host!r} exposes the server beyond this machine: pass api_key=... so that "
@@ -130,6 +136,9 @@ class Server:
         self.served_model_name = served_model_name or _models.served_name(model)
         self.engine_args = dict(engine_args) if isinstance(engine_args, Mapping) else list(engine_args or [])
         self.env = {k: str(v) for k, v in (env or {}).items()}
+        if swappable:
+            self.env[_DEV_MODE] = "1"
+        self.weights_path: str | None = None  # set by swap_weights
         self.host, self.requested_port = host, port
         self.api_key = api_key
         self.ready_timeout = ready_timeout
@@ -313,7 +322,7 @@ class Server:
         """Stop the server and its whole process tree (with reuse on: park it for the next lab)."""
         if self.proc is None:
             return
-        if self.reuse and self.running and self._healthy():
+        if self.reuse and self.weights_path is None and self.running and self._healthy():
             self.proc.park()
         else:
             self.proc.stop()
@@ -336,6 +345,52 @@ class Server:
             self.terminate()  # an error inside the block: never leave it running, not even parked
         else:
             self.stop()
+
+    def swap_weights(self, path: str | os.PathLike, timeout: float = 600.0) -> float:
+        """Load another checkpoint's weights into the running server, in place, and return the seconds it took.
+
+        For a copy of the served model with the same architecture, shapes and dtype and no quantization config (a
+        fake-quantized or dequantized checkpoint): a new configuration costs a weight load (about a second for
+        SmolLM2-135M) instead of a server start (about 40 s on a 2-core CPU). It calls vLLM's ``reload_weights``
+        (the in-place update its RL integrations use) on every worker through ``/collective_rpc``, then
+        ``/reset_prefix_cache``, so no KV computed with the old weights is reused. Needs ``swappable=True`` at start.
+        A swapped server is not parked for reuse (its key names the weights it started with): :meth:`stop` stops it,
+        unless it was swapped back to those weights.
+
+        Introduced in lab 12 (FP8 as the Default).
+        """
+        if not self.running:
+            raise ServerError("swap_weights: the server is not running; start it first.")
+        if self.env.get(_DEV_MODE) != "1":
+            raise ServerError("swap_weights needs a server started with swappable=True "
+                              "(e.g. server.start(PROFILE, swappable=True)).")
+        local = _models.local_path(path)
+        new = _read_config(local) if local else None
+        if new is None:
+            raise FileNotFoundError(f"swap_weights: {path} is not a checkpoint folder on this machine "
+                                    "(no config.json).")
+        if new.get("quantization_config"):
+            method = new["quantization_config"].get("quant_method")
+            raise ValueError(f"swap_weights: {path} is a quantized checkpoint ({method}); its layers differ from "
+                             "the running model's: start a server for it instead.")
+        original = _models.local_path(self.model_path)
+        old = _read_config(_models.local_path(self.weights_path) if self.weights_path else original)
+        if old is not None:
+            differ = [k for k in _SAME_SHAPE_KEYS if old.get(k) != new.get(k)]
+            if differ:
+                raise ValueError(f"swap_weights: {path} is not the served model's architecture ({', '.join(differ)} "
+                                 "differ): start a server for it instead.")
+        t0 = time.perf_counter()
+        self.weights_path = str(local)  # from here on the server may not be what its key says, whatever happens next
+        for route, body in (("collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": str(local)}}),
+                            ("reset_prefix_cache", None)):
+            r = httpx.post(f"{self.url}/{route}", json=body, timeout=timeout)
+            if r.status_code != 200:
+                raise ServerError(f"swap_weights: POST /{route} answered {r.status_code}: {r.text[:300]}\n"
+                                  f"{self.log_tail()}")
+        if original is not None and local.resolve() == Path(original).resolve():
+            self.weights_path = None  # back to the weights it started with: parkable again
+        return time.perf_counter() - t0
 
     # -- what it says --------------------------------------------------------------------------
     def log_text(self) -> str:
@@ -393,7 +448,16 @@ class Server:
 
 _SERVER_KWARGS = {"served_model_name", "engine_args", "env", "host", "port", "api_key", "behind_auth_proxy",
                   "log_dir", "ready_timeout", "python", "reuse", "progress", "make_room", "model",
-                  "wait_for_slot_s", "stall_s"}
+                  "wait_for_slot_s", "stall_s", "swappable"}
+_DEV_MODE = "VLLM_SERVER_DEV_MODE"
+#: What must match for one checkpoint's weights to load into a server started with another.
+_SAME_SHAPE_KEYS = ("architectures", "model_type", "hidden_size", "intermediate_size", "num_hidden_layers",
+                    "num_attention_heads", "num_key_value_heads", "vocab_size", "tie_word_embeddings")
+
+
+def _read_config(path: Path | None) -> dict[str, Any] | None:
+    f = Path(path) / "config.json" if path else None
+    return json.loads(f.read_text()) if f is not None and f.is_file() else None
 
 
 def start(model: "str | os.PathLike | Profile | None" = "default", /, **kwargs: Any) -> Server:
