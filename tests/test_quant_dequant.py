@@ -248,5 +248,11 @@ def test_serve_swaps_plain_weights_into_a_swappable_server_and_starts_anything_e
     assert quant.serve(prof, {"engine": {"kv_cache_dtype": "fp8"}}, into=Srv(swappable=True)) == ("new server", None)
     assert calls == [("stop", True), ("start", prof.model, {"kv_cache_dtype": "fp8"})]
 
+    calls.clear()  # a checkpoint object (lab 14 chooses its own): served by what its files hold
+    dq = quant.Checkpoint(path=ckpt.path, name="dq", kind="dequantized", key="k", source_model="m", recipe={},
+                          seconds=0.0, bytes_on_disk=0, weight_bytes=0)
+    into = Srv(swappable=True)
+    assert quant.serve(prof, dq, into=into) == (into, dq) and calls == [("swap", str(ckpt.path))]
+
     with pytest.raises(ValueError, match="got the keys"):
         quant.serve(prof, {"engine": {}, "granularity": "channel"})

@@ -14,13 +14,14 @@ from .fake import fake_quantized_checkpoint
 from .recipes import checkpoint_format, first_layers
 
 
-def serve(profile: Any, spec: Mapping[str, Any], *, into: Any = None) -> tuple[Any, Checkpoint | None]:
+def serve(profile: Any, spec: "Mapping[str, Any] | Checkpoint", *, into: Any = None) -> tuple[Any, Checkpoint | None]:
     """A running server for ``spec`` and its checkpoint (``None`` for engine arguments).
 
-    ``spec`` is one configuration of a lab's plan: ``{"fake": fmt, ...}`` (the profile's model rounded through
-    ``fmt``, :func:`fake_quantized_checkpoint`'s keywords beside it), ``{"recipe": name}`` (llm-compressor's
-    checkpoint, :func:`servable` on this machine; ``"first_layers": n`` beside it quantizes only the first ``n``
-    decoder layers) or ``{"engine": {...}}`` (the profile's model with those engine arguments).
+    ``spec`` is a :class:`Checkpoint` (served as it is) or one configuration of a lab's plan: ``{"fake": fmt, ...}``
+    (the profile's model rounded through ``fmt``, :func:`fake_quantized_checkpoint`'s keywords beside it),
+    ``{"recipe": name}`` (llm-compressor's checkpoint, :func:`servable` on this machine; ``"first_layers": n``
+    beside it quantizes only the first ``n`` decoder layers) or ``{"engine": {...}}`` (the profile's model with
+    those engine arguments).
 
     A checkpoint of plain weights (a fake-quantized copy, or a quantized one :func:`servable` multiplied back out
     because this machine lacks its kernel) is loaded into ``into`` in place when that server runs with
@@ -32,17 +33,7 @@ def serve(profile: Any, spec: Mapping[str, Any], *, into: Any = None) -> tuple[A
     """
     from .. import server  # the server imports nothing of quant; quant needs it only here
 
-    spec = dict(spec)
-    if "fake" not in spec and (set(spec) - {"recipe", "first_layers"} if "recipe" in spec else set(spec) - {"engine"}):
-        raise ValueError(f"a configuration is {{'fake': fmt, ...}}, {{'recipe': name[, 'first_layers': n]}} or "
-                         f"{{'engine': {{...}}}}; got the keys {sorted(spec)}")
-    if "fake" in spec:
-        ckpt = fake_quantized_checkpoint(profile.model, spec.pop("fake"), **spec)
-    elif "recipe" in spec:
-        r = first_layers(spec["recipe"], spec["first_layers"]) if spec.get("first_layers") else spec["recipe"]
-        ckpt = servable(build(profile.model, r))
-    else:
-        ckpt = None
+    ckpt = spec if isinstance(spec, Checkpoint) else _checkpoint(profile, dict(spec))
     plain = ckpt is not None and checkpoint_format(ckpt.path) is None  # bf16 weights of the same shapes
     if plain and into is not None and into.running and into.swappable:
         into.swap_weights(ckpt.path)
@@ -52,3 +43,16 @@ def serve(profile: Any, spec: Mapping[str, Any], *, into: Any = None) -> tuple[A
     if ckpt is None:
         return server.start(profile, **spec.get("engine", {})), None
     return server.start(profile.replace(model=str(ckpt.path))), ckpt
+
+
+def _checkpoint(profile: Any, spec: dict[str, Any]) -> Checkpoint | None:
+    """The checkpoint a plan's configuration serves; ``None`` for engine arguments on the profile's own."""
+    if "fake" in spec:
+        return fake_quantized_checkpoint(profile.model, spec.pop("fake"), **spec)
+    if set(spec) - {"recipe", "first_layers"} if "recipe" in spec else set(spec) - {"engine"}:
+        raise ValueError(f"a configuration is {{'fake': fmt, ...}}, {{'recipe': name[, 'first_layers': n]}} or "
+                         f"{{'engine': {{...}}}}; got the keys {sorted(spec)}")
+    if "recipe" in spec:
+        r = first_layers(spec["recipe"], spec["first_layers"]) if spec.get("first_layers") else spec["recipe"]
+        return servable(build(profile.model, r))
+    return None
