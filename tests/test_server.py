@@ -401,7 +401,7 @@ def test_swap_weights_loads_a_same_shape_checkpoint_in_place_and_never_parks_it(
         srv.swap_weights(tmp_path / "nowhere")
     assert srv.weights_path is None  # refused before anything was sent
     srv.swap_weights(copy)
-    assert srv.weights_path == str(copy)
+    assert srv.weights_path == str(copy) and f"--model {copy}" in srv.command()  # what it serves now
     assert f'"reload_weights","kwargs":{{"weights_path":"{copy}"}}' in srv.log_text()  # what vLLM got
     pid = srv.pid
     srv.stop()  # reuse is on, but its weights are no longer the ones its key names: stopped, not parked

@@ -424,11 +424,12 @@ class Server:
     def command(self, port: int | None = 8000) -> str:
         """The shell command that starts this server again: its environment overrides, ``python -m
         vllm.entrypoints.openai.api_server`` and every flag (``port`` replaces the one picked here), for reports.
-        An API key appears as ``VLLM_API_KEY=$VLLM_API_KEY``, never its value.
+        An API key appears as ``VLLM_API_KEY=$VLLM_API_KEY``, never its value. After :meth:`swap_weights` it serves
+        the weights swapped in.
 
         Introduced in lab 11 (Latency, Throughput, Goodput).
         """
-        args = ["--model", self.model_path, "--host", self.host, "--port", str(port or self.port), *self._args()]
+        args = ["--model", self.weights_path or self.model_path, "--host", self.host, "--port", str(port or self.port), *self._args()]
         env = {**_models.offline_env(self.model_path), **self.env}
         parts = [f"{k}={shlex.quote(v)}" for k, v in sorted(env.items())]
         if self.api_key:
