@@ -1,10 +1,10 @@
 """Quantized checkpoints served by real vLLM on CPU: W8A8 INT8, W4A16 GPTQ (group 64) and a fake-quantized bf16
 checkpoint each start and answer a greedy completion; the log names the linear kernel vLLM picked.
 
-The fake-quantized one also swaps weights in place (`Server.swap_weights`) and back. Three server starts (about
-40-50 s each here) plus, on a cold cache, the W4A16 GPTQ build of three decoder layers
-(about a minute; the real-server tests run beside tests/test_quant_build.py, which builds the same one: the second
-to ask waits on the cache's lock and finds it).
+The fake-quantized one also swaps weights in place (`Server.swap_weights`) and back. Three server starts (about 40-50 s
+each here) plus, on a cold cache, the W4A16 GPTQ build of three decoder layers (about a minute; the real-server tests
+run beside tests/test_quant_build.py, which builds the same one: the second to ask waits on the cache's lock and
+finds it).
 """
 
 from __future__ import annotations
@@ -92,7 +92,7 @@ def test_quantized_checkpoint_serves_on_cpu(which, method, kernel, record_proper
         record_property("kernel_lines", lines)
         record_property("completion", text)
         print(f"\n{which}: ready in {srv.ready_s:.0f} s; completion {text!r}\n  " + "\n  ".join(lines))
-        if srv.env.get("VLLM_SERVER_DEV_MODE") == "1":
+        if srv.swappable:
             _check_swap(srv, ckpt.path)
     finally:
         srv.terminate()
