@@ -49,7 +49,8 @@ def _checkpoint(profile: Any, spec: dict[str, Any]) -> Checkpoint | None:
     """The checkpoint a plan's configuration serves; ``None`` for engine arguments on the profile's own."""
     if "fake" in spec:
         return fake_quantized_checkpoint(profile.model, spec.pop("fake"), **spec)
-    if set(spec) - {"recipe", "first_layers"} if "recipe" in spec else set(spec) - {"engine"}:
+    allowed = {"recipe", "first_layers"} if "recipe" in spec else {"engine"}
+    if set(spec) - allowed:
         raise ValueError(f"a configuration is {{'fake': fmt, ...}}, {{'recipe': name[, 'first_layers': n]}} or "
                          f"{{'engine': {{...}}}}; got the keys {sorted(spec)}")
     if "recipe" in spec:
