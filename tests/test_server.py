@@ -379,7 +379,7 @@ def test_reuse_parks_and_adopts_same_arguments_only(fake):
     c.terminate()
 
 
-def test_swap_weights_loads_a_same_shape_checkpoint_in_place_and_never_parks_it(fake, tmp_path):
+def test_swap_weights_loads_a_same_shape_checkpoint_in_place_and_parks_only_its_own_weights(fake, tmp_path):
     with pytest.raises(ValueError, match="development routes"):
         fake(host="0.0.0.0", api_key="secret", behind_auth_proxy=True, swappable=True)
     plain = fake().start()
@@ -404,7 +404,13 @@ def test_swap_weights_loads_a_same_shape_checkpoint_in_place_and_never_parks_it(
     assert srv.weights_path == str(copy) and f"--model {copy}" in srv.command()  # what it serves now
     assert f'"reload_weights","kwargs":{{"weights_path":"{copy}"}}' in srv.log_text()  # what vLLM got
     pid = srv.pid
-    srv.stop()  # reuse is on, but its weights are no longer the ones its key names: stopped, not parked
+    srv.stop()  # reuse is on: the weights its key names are loaded back, then it is parked
+    again = fake(reuse=True, swappable=True).start()
+    assert again.reused and again.pid == pid and again.weights_path is None
+    assert f'"reload_weights","kwargs":{{"weights_path":"{srv.model_path}"}}' in again.log_text()
+    again.swap_weights(copy)
+    (tmp_path / "model" / "config.json").unlink()  # the weights it started with cannot be loaded back:
+    again.stop()                                     # stopped, not parked
     assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
 
 

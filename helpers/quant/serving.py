@@ -27,7 +27,8 @@ def serve(profile: Any, spec: "Mapping[str, Any] | Checkpoint", *, into: Any = N
     because this machine lacks its kernel) is loaded into ``into`` in place when that server runs with
     ``swappable=True`` (:meth:`helpers.server.Server.swap_weights`: about a second, where a start takes about 40 s
     on a 2-core CPU); anything else gets a server of its own, after ``into`` is stopped (one server at a time: on a
-    GPU each takes the card's memory). The caller stops the returned server unless it is ``into``.
+    GPU each takes the card's memory; with reuse on, ``into`` gets its own weights back and is parked). The caller
+    stops the returned server unless it is ``into``.
 
     Introduced in lab 12 (FP8 as the Default).
     """

@@ -324,9 +324,16 @@ class Server:
             return False
 
     def stop(self) -> None:
-        """Stop the server and its whole process tree (with reuse on: park it for the next lab)."""
+        """Stop the server and its whole process tree (with reuse on: park it for the next lab).
+
+        A server holding swapped weights (:meth:`swap_weights`) gets the weights it started with back first (about
+        a second), so that it parks under its key; if that fails, it is stopped.
+        """
         if self.proc is None:
             return
+        if self.reuse and self.weights_path is not None and self.running:
+            with contextlib.suppress(Exception):  # whatever went wrong, the server is stopped below, not parked
+                self.swap_weights(self.model_path)
         if self.reuse and self.weights_path is None and self.running and self._healthy():
             self.proc.park()
         else:
@@ -359,8 +366,8 @@ class Server:
         SmolLM2-135M) instead of a server start (about 40 s on a 2-core CPU). It calls vLLM's ``reload_weights``
         (the in-place update its RL integrations use) on every worker through ``/collective_rpc``, then
         ``/reset_prefix_cache``, so no KV computed with the old weights is reused. Needs ``swappable=True`` at start.
-        A swapped server is not parked for reuse (its key names the weights it started with): :meth:`stop` stops it,
-        unless it was swapped back to those weights.
+        A swapped server's key still names the weights it started with: with reuse on, :meth:`stop` swaps those back
+        before it parks the server, and stops it if they cannot be loaded.
 
         Introduced in lab 12 (FP8 as the Default).
         """
