@@ -189,6 +189,22 @@ def _create_time(pid: int | None) -> float | None:
         return None
 
 
+#: How far the wall clock may have been stepped since a process was recorded, for :func:`_same_start`.
+_CLOCK_STEP_S = 120.0
+
+
+def _same_start(now: float, recorded: float) -> bool:
+    """Whether a process's create time read ``now`` is the one recorded earlier for its PID (not a reused PID).
+
+    On Linux, psutil's create time is the start in clock ticks since boot plus /proc/stat's ``btime``, a whole number
+    of seconds the kernel derives from the wall clock at each read: when the clock is stepped, or slewed across a
+    second boundary, every process's create time moves by the same whole seconds. A strict comparison then takes a
+    live server for a dead one (a benchmark stops sending to it) and finds no process tree to stop.
+    """
+    d = now - recorded
+    return abs(d) < 1.0 or (abs(d) <= _CLOCK_STEP_S and abs(d - round(d)) < 0.005)
+
+
 def _alive(pid: int | None, create_time: float | None) -> bool:
     if not pid:
         return False
@@ -196,7 +212,7 @@ def _alive(pid: int | None, create_time: float | None) -> bool:
         p = psutil.Process(pid)
         if p.status() == psutil.STATUS_ZOMBIE:
             return False
-        return create_time is None or abs(p.create_time() - create_time) < 1.0
+        return create_time is None or _same_start(p.create_time(), create_time)
     except (psutil.NoSuchProcess, psutil.AccessDenied):
         return False
 
@@ -285,7 +301,8 @@ def session_members(pid: int, create_time: float | None = None) -> list[psutil.P
     found: dict[int, psutil.Process] = {}
     with contextlib.suppress(psutil.Error):
         leader = psutil.Process(pid)
-        if create_time is None or abs(leader.create_time() - create_time) < 1.0:
+        if create_time is None or _same_start(leader.create_time(), create_time):
+            create_time = leader.create_time()  # as this clock reads it now, to compare its members' with
             found[pid] = leader
             for c in leader.children(recursive=True):
                 found[c.pid] = c

@@ -3,6 +3,7 @@ lifecycle (readiness, fail-fast, timeout, port in use, dead-kernel reaping, reus
 key) against a fake server process, so these run in seconds and need no vLLM. One test does the same with real
 vLLM (marked ``vllm``)."""
 
+import contextlib
 import json
 import os
 import socket
@@ -558,3 +559,29 @@ def test_room_is_made_by_stopping_the_least_adopted_parked_server(fake, monkeypa
     assert psutil.pid_exists(shared_pid)
     assert not psutil.pid_exists(one_off_pid) or psutil.Process(one_off_pid).status() == psutil.STATUS_ZOMBIE
     third.terminate()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="psutil's create time reads /proc/stat's btime")
+def test_a_clock_step_neither_kills_a_live_process_on_paper_nor_hides_its_tree(monkeypatch):
+    """psutil adds /proc/stat's btime, a whole second derived from the wall clock at each read, to a process's start:
+    after a clock step every create time moves by whole seconds. The registry must still know the process as alive
+    (else a benchmark stops sending to a live server) and still find its tree to stop; a different start (a reused
+    PID) is still a different process."""
+    leader = subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time; "
+                               "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); time.sleep(60)"],
+                              start_new_session=True)
+    try:
+        time.sleep(1.0)
+        recorded = psutil.Process(leader.pid).create_time()
+        real_btime = psutil._pslinux.boot_time
+        monkeypatch.setattr(psutil._pslinux, "boot_time", lambda: real_btime() - 1)  # the clock stepped back 1 s
+        assert abs(psutil.Process(leader.pid).create_time() - recorded + 1) < 1e-6  # as psutil now reads it
+        assert procs._alive(leader.pid, recorded)
+        assert not procs._alive(leader.pid, recorded + 0.5)
+        members = procs.session_members(leader.pid, recorded)
+        assert len(members) == 2, members  # the leader and its child
+        assert procs.kill_tree(leader.pid, recorded, timeout=5) == 2
+        assert leader.wait(5) is not None
+    finally:
+        with contextlib.suppress(ProcessLookupError):  # only if an assert above failed
+            os.killpg(leader.pid, 9)
