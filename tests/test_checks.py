@@ -276,6 +276,9 @@ def _lab02_tables(ttft_ms: list[float], tpot_ms: list[float]) -> dict[str, Any]:
 # as the lab predicts: that run's own decode medians were noisy (see the "decode step shrinks" doctor).
 TTFT_02 = [2463.3, 3080.0, 4564.8, 9219.5]
 TPOT_02 = [393.2, 398.0, 405.1, 421.7]
+#: A flat decode step measured with noise (float32 on this machine, lab 02's own output): its slope came out
+#: slightly negative, -1.5 ms per sequence on 87.8, which a check of `0 <= slope` failed.
+TPOT_02_FLAT = [81.6, 96.5, 72.7, 78.1]
 
 
 @lab("02",
@@ -287,11 +290,11 @@ TPOT_02 = [393.2, 398.0, 405.1, 421.7]
             "prefill_fit.r2 >= 0.95"),
      Doctor("fixed cost dominates TTFT at the longest prompt",
             lambda ns: ns.update(_lab02_tables([8000, 8200, 8600, 9400], TPOT_02)), 'ttft["per-token part"]'),
-     # the decode steps of a real noisy 2-core run (lab 02's own output): the fitted slope came out negative
+     # the decode steps of a real noisy 2-core run (lab 02's own output): the fitted line fell by 40% from batch 1 to 8
      Doctor("decode step shrinks with the batch", lambda ns: ns.update(_lab02_tables(TTFT_02, [393, 445, 245, 258])),
-            "0 <= decode_fit.slope"),
+            "decode_fit.slope * (step"),
      Doctor("one more sequence costs a third of a step",
-            lambda ns: ns.update(_lab02_tables(TTFT_02, [393, 520, 780, 1300])), "0 <= decode_fit.slope"),
+            lambda ns: ns.update(_lab02_tables(TTFT_02, [393, 520, 780, 1300])), "decode_fit.slope < 0.25"),
      # Implied by the fit assert whenever the line describes the points (slope < intercept/4 gives >= 2.67x at
      # batch 8): only the derived column can show it failing alone.
      Doctor("largest batch under 2x the tokens/s of batch 1",
@@ -302,6 +305,12 @@ TPOT_02 = [393.2, 398.0, 405.1, 421.7]
      )
 def lab_02(tmp: Path) -> dict[str, Any]:
     return dict(_lab02_tables(TTFT_02, TPOT_02), PROMPT_LENGTHS=PROMPT_LENGTHS_02, BATCH_SIZES=BATCH_SIZES_02)
+
+
+def test_lab02_check_passes_on_a_flat_decode_step_measured_with_noise():
+    """Memory-bound decode is flat in the batch; measured with noise its fitted slope is negative half the time."""
+    check_cell("02").run(dict(_lab02_tables(TTFT_02, TPOT_02_FLAT), PROMPT_LENGTHS=PROMPT_LENGTHS_02,
+                              BATCH_SIZES=BATCH_SIZES_02))
 
 
 # ================================================================================================== lab 03
