@@ -331,9 +331,9 @@ class Server:
         """
         if self.proc is None:
             return
-        if self.reuse and self.weights_path is not None and self.running:
+        if self.reuse and self.weights_path is not None and self.running and self._healthy():
             with contextlib.suppress(Exception):  # whatever went wrong, the server is stopped below, not parked
-                self.swap_weights(self.model_path)
+                self.swap_weights(self.model_path, timeout=120.0)
         if self.reuse and self.weights_path is None and self.running and self._healthy():
             self.proc.park()
         else:
