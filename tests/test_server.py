@@ -571,7 +571,9 @@ def test_a_clock_step_neither_kills_a_live_process_on_paper_nor_hides_its_tree(m
                                "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); time.sleep(60)"],
                               start_new_session=True)
     try:
-        time.sleep(1.0)
+        deadline = time.monotonic() + 30  # until the leader has started its child (a busy machine starts Python slowly)
+        while not psutil.Process(leader.pid).children() and time.monotonic() < deadline:
+            time.sleep(0.05)
         recorded = psutil.Process(leader.pid).create_time()
         real_btime = psutil._pslinux.boot_time
         monkeypatch.setattr(psutil._pslinux, "boot_time", lambda: real_btime() - 1)  # the clock stepped back 1 s
