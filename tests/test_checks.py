@@ -303,14 +303,13 @@ TPOT_02_FLAT = [81.6, 96.5, 72.7, 78.1]
                                                          ns["knob_view"]["predicted TTFT (ms)"].iloc[0] + 1),
             'knob_view["predicted TTFT (ms)"]'),
      )
-def lab_02(tmp: Path) -> dict[str, Any]:
-    return dict(_lab02_tables(TTFT_02, TPOT_02), PROMPT_LENGTHS=PROMPT_LENGTHS_02, BATCH_SIZES=BATCH_SIZES_02)
+def lab_02(tmp: Path, tpot_ms: list[float] = TPOT_02) -> dict[str, Any]:
+    return dict(_lab02_tables(TTFT_02, tpot_ms), PROMPT_LENGTHS=PROMPT_LENGTHS_02, BATCH_SIZES=BATCH_SIZES_02)
 
 
-def test_lab02_check_passes_on_a_flat_decode_step_measured_with_noise():
+def test_lab02_check_passes_on_a_flat_decode_step_measured_with_noise(tmp_path):
     """Memory-bound decode is flat in the batch; measured with noise its fitted slope is negative half the time."""
-    check_cell("02").run(dict(_lab02_tables(TTFT_02, TPOT_02_FLAT), PROMPT_LENGTHS=PROMPT_LENGTHS_02,
-                              BATCH_SIZES=BATCH_SIZES_02))
+    check_cell("02").run(lab_02(tmp_path, TPOT_02_FLAT))
 
 
 # ================================================================================================== lab 03
