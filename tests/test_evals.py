@@ -77,15 +77,12 @@ def test_shipped_tasks_are_well_formed():
 @pytest.mark.vllm
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None or importlib.util.find_spec("lm_eval") is None,
                     reason="needs vLLM and lm-eval")
-def test_real_server_quality_and_drift_against_itself():
+def test_real_server_quality_and_drift_against_itself(cpu_server):
     """The default model against itself: accuracy well above chance, drift zero, retrieval measured per length."""
-    from helpers import runtime, server
-
     texts = evals._texts(None)[:6]
-    with server.start(runtime.profile("cpu"), progress=False) as srv:  # the profile's server: labs reuse it
-        q = evals.quality(srv, "self", tasks=("capitals", "opposites"), limit=5, lengths=(256,), haystacks=1,
-                          texts=texts)
-        again = evals.drift(q.logprobs, srv, texts=texts)
+    q = evals.quality(cpu_server, "self", tasks=("capitals", "opposites"), limit=5, lengths=(256,), haystacks=1,
+                      texts=texts)
+    again = evals.drift(q.logprobs, cpu_server, texts=texts)
     assert q.accuracy.mean > 0.5  # chance is 0.25
     assert set(q.accuracy.tasks) == {"capitals", "opposites"} and q.accuracy.tasks["capitals"].correct
     assert again.kl_mean < 1e-3 and again.top1 > 0.99 and again.positions > 300

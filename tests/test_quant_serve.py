@@ -1,10 +1,10 @@
-"""Quantized checkpoints served by real vLLM on CPU: W8A8 INT8, W4A16 GPTQ (group 64) and a fake-quantized bf16
-checkpoint each start and answer a greedy completion; the log names the linear kernel vLLM picked.
+"""Quantized checkpoints served by real vLLM on CPU: W8A8 INT8 and W4A16 GPTQ (group 64) each start and answer a
+greedy completion; the log names the linear kernel vLLM picked. A fake-quantized bf16 checkpoint loads into the
+session's running server in place (`Server.swap_weights`, as labs 12-15 serve them) and back.
 
-The fake-quantized one also swaps weights in place (`Server.swap_weights`) and back. Three server starts (about 40-50 s
-each here) plus, on a cold cache, the W4A16 GPTQ build of three decoder layers (about a minute; the real-server tests
-run beside tests/test_quant_build.py, which builds the same one: the second to ask waits on the cache's lock and
-finds it).
+Two server starts (about 40-50 s each here) plus, on a cold cache, the W4A16 GPTQ build of three decoder layers (about
+a minute; the real-server tests run beside tests/test_quant_build.py, which builds the same one: the second to ask
+waits on the cache's lock and finds it).
 """
 
 from __future__ import annotations
@@ -56,23 +56,19 @@ def _kernel_lines(log: str) -> list[str]:
 @pytest.mark.parametrize("which,method,kernel", [
     ("w8a8-rtn", "compressed-tensors", "CPUInt8ScaledMMLinearKernel"),
     ("w4a16-gptq-g64", "compressed-tensors", "CPUWNA16LinearKernel"),
-    ("fake-nvfp4", "None", None),
 ])
 def test_quantized_checkpoint_serves_on_cpu(which, method, kernel, record_property):
     refused = None
-    if which == "fake-nvfp4":
-        ckpt = quant.fake_quantized_checkpoint("default", "nvfp4")
-    else:
-        # W4A16 on decoder layers 0-2 (quant.first_layers), the checkpoint tests/test_quant_build.py and lab 14 build:
-        # the same kernel path as the whole model's, built once (about a minute; all 30 layers took 5 here).
-        r = quant.first_layers(which, 3) if which.startswith("w4a16") else quant.recipe(which)
-        ckpt = quant.build("default", r, samples=TEST_SAMPLES)
-        try:
-            quant.check_servable(ckpt.path)
-        except quant.UnservableError as e:  # INT4 on a CPU without AVX-512: check the refusal is still true
-            refused = e
+    # W4A16 on decoder layers 0-2 (quant.first_layers), the checkpoint tests/test_quant_build.py and lab 14 build:
+    # the same kernel path as the whole model's, built once (about a minute; all 30 layers took 5 here).
+    r = quant.first_layers(which, 3) if which.startswith("w4a16") else quant.recipe(which)
+    ckpt = quant.build("default", r, samples=TEST_SAMPLES)
+    try:
+        quant.check_servable(ckpt.path)
+    except quant.UnservableError as e:  # INT4 on a CPU without AVX-512: check the refusal is still true
+        refused = e
     record_property("build_s", ckpt.seconds)
-    srv = _start(runtime.profile("cpu"), str(ckpt.path), swappable=which.startswith("fake"))
+    srv = _start(runtime.profile("cpu"), str(ckpt.path))
     try:
         if refused is not None:
             with pytest.raises(Exception):
@@ -92,31 +88,32 @@ def test_quantized_checkpoint_serves_on_cpu(which, method, kernel, record_proper
         record_property("kernel_lines", lines)
         record_property("completion", text)
         print(f"\n{which}: ready in {srv.ready_s:.0f} s; completion {text!r}\n  " + "\n  ".join(lines))
-        if srv.swappable:
-            _check_swap(srv, ckpt.path)
     finally:
         srv.terminate()
     assert text.strip(), "an empty completion"
     assert quantization and quantization.group(1) == method, quantization
-    if kernel:
-        assert any(kernel in ln for ln in lines), f"{kernel} not in the log's kernel lines: {lines}"
-    else:  # bf16 weights, whatever format they were rounded through: no quantized linear kernel at all
-        assert lines == [], lines
+    assert any(kernel in ln for ln in lines), f"{kernel} not in the log's kernel lines: {lines}"
 
 
-def _check_swap(srv: server.Server, ckpt_path) -> None:
-    """The server started on the fake-quantized checkpoint; swapping the original weights in moves its next-token
-    distributions, and swapping the checkpoint back gives exactly the freshly started server's: the in-place load
-    is the same as a start, with no stale weights (a CPU kernel's packed copy, a tied head) left behind."""
+def test_fake_quantized_weights_swap_in_and_back(cpu_server):
+    """The fake-NVFP4 copy loads into the running server in place: its weights move the next-token distributions
+    and still answer, and swapping the original weights back gives exactly the freshly started server's: the
+    in-place load is the same as a start, with no stale weights (a CPU kernel's packed copy, a tied head) left
+    behind. A quantized checkpoint is refused: its layers differ."""
+    srv = cpu_server
+    ckpt = quant.fake_quantized_checkpoint("default", "nvfp4")
     texts = ["The capital of France is Paris, and the capital of Italy is Rome.",
              "def add(a, b):\n    return a + b\n\nprint(add(2, 3))"]
     fresh = evals.prompt_logprobs(srv, texts)
-    assert srv.swap_weights("default") < 60 and srv.weights_path is not None
-    original = evals.prompt_logprobs(srv, texts)
-    assert srv.swap_weights(ckpt_path) < 60 and srv.weights_path is None  # its own weights again: parkable
+    assert srv.swap_weights(ckpt.path) < 60 and srv.weights_path is not None
+    fake = evals.prompt_logprobs(srv, texts)
+    text = srv.client().completions.create(model=srv.model, prompt="The capital of France is", max_tokens=8,
+                                           temperature=0).choices[0].text
+    assert srv.swap_weights(srv.model_path) < 60 and srv.weights_path is None  # its own weights again: parkable
     again = evals.prompt_logprobs(srv, texts)
     assert again == fresh
-    moved = evals.drift(fresh, original)
+    moved = evals.drift(fresh, fake)
     assert moved.kl_mean > 1e-3, moved
+    assert text.strip(), "an empty completion from the fake-quantized weights"
     with pytest.raises(ValueError, match="quantized checkpoint"):
         srv.swap_weights(quant.build("default", quant.recipe("w8a8-rtn"), samples=TEST_SAMPLES).path)

@@ -6,11 +6,11 @@ server (first token 100 ms after receipt, one token every 10 ms, 4 tokens per ch
 ``tests/fixtures/side_by_side/record.py``), check the comparison's arithmetic on runs built by hand, and run the
 capacity comparison once at one tiny load to prove its code path (speeds belong to the benchmark, not here).
 
-The vLLM test starts one server (the CPU profile, max_model_len 1024), sends the same constant load with ours and
-with `vllm bench serve` (one round of 12 requests each at 1 request/s, 128 prompt tokens, 32 output tokens: about
-2 minutes on 2 cores, server start included), and checks that every request completed on both sides and that the
-TTFT and TPOT means agree within 5% once each is divided by the server's own mean for the same requests. When
-machine noise pushes the verdict past 5%, one more round (ours and vLLM again) is run and both are judged together.
+The vLLM test uses the session's server (the CPU profile, max_model_len 1024: ``tests/conftest.py``), sends the same
+constant load with ours and with `vllm bench serve` (one round of 12 requests each at 1 request/s, 128 prompt tokens,
+32 output tokens: about a minute on 2 cores), and checks that every request completed on both sides and that the TTFT
+and TPOT means agree within 5% once each is divided by the server's own mean for the same requests. When machine
+noise pushes the verdict past 5%, one more round (ours and vLLM again) is run and both are judged together.
 GuideLLM and AIPerf need their own environments; they run in the benchmark, not here.
 """
 
@@ -206,13 +206,12 @@ ROUNDS, EXTRA_ROUNDS = 1, 1
 
 
 @pytest.fixture(scope="module")
-def report(tmp_path_factory):
-    if importlib.util.find_spec("vllm") is None:
-        pytest.skip("needs vLLM installed")
+def report(tmp_path_factory, _cpu_server_session):
     from benchmarks.side_by_side import serving, side_by_side, warm_up
 
     out = tmp_path_factory.mktemp("side-by-side")
-    with serving(max_model_len=1024) as (target, srv):  # the CPU profile; stopped on exit, even on failure
+    srv = _cpu_server_session  # the session's CPU-profile server (tests/conftest.py): its counters are diffed per run
+    with serving(base_url=srv.base_url) as (target, _):
         warm_up(target)
         rep = side_by_side(target, LOAD, out, rounds=ROUNDS, tools=("ours", "vllm"), probe_role_chunk=False,
                            calibration=False, extra_rounds=EXTRA_ROUNDS, server=srv,
