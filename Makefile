@@ -97,7 +97,7 @@ test-unit: setup
 
 # Labs whose CI-sized run does not yet fit make test's budget on a 2-core CPU (each starts several servers or builds
 # checkpoints: 3-8 minutes alone, see ci/README.md); `make test-labs-all` runs every lab, as the GPU runner does.
-LABS_OUTSIDE_MAKE_TEST ?= 14 17 18 22 23
+LABS_OUTSIDE_MAKE_TEST ?= 14 17 22 23
 
 test-labs: setup check-notebooks
 	session=make-test-$$$$; export LABS_SESSION=$$session LABS_QUICK=1 LABS_HEADLESS=1 LABS_REUSE_SERVER=1; \
