@@ -122,7 +122,7 @@ for x in xs:
     for _ in range(3):
         dist.all_reduce(x)
 best = [float("inf")] * len(xs)
-for _ in range(reps):  # sizes interleaved: a slow spell of the machine (a VM's stolen time) hits every size alike
+for _ in range(reps):  # sizes interleaved: a slow spell of the machine hits every size alike
     for i, x in enumerate(xs):
         dist.barrier()
         t0 = time.perf_counter(); dist.all_reduce(x); best[i] = min(best[i], time.perf_counter() - t0)
