@@ -10,7 +10,6 @@ fail, so the next test finds the server it expects.
 from __future__ import annotations
 
 import importlib.util
-import time
 
 import pytest
 
@@ -21,16 +20,9 @@ def _cpu_server_session():
         pytest.skip("needs vLLM installed")
     from helpers import runtime, server
 
-    deadline = time.monotonic() + 600
-    while True:
-        try:
-            srv = server.start(runtime.profile("cpu"), max_model_len=1024, swappable=True, reuse=False,
-                               progress=False, make_room=False)
-            break
-        except server.TooManyServers:  # a notebook run's servers on this machine: wait for a slot
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(15)
+    # a notebook run's servers on this machine: wait up to 10 minutes for a slot, never stop a parked one
+    srv = server.start(runtime.profile("cpu"), max_model_len=1024, swappable=True, reuse=False, progress=False,
+                       make_room=False, wait_for_slot_s=600)
     try:
         yield srv
     finally:
