@@ -197,3 +197,30 @@ def test_sweep_against_a_saturating_server(tmp_path):
         sweep(spec.build(3), rates=[1], base_url=cal.base_url)
     assert bench.charts.timeline(high).to_dict()["vconcat"]  # gauges drawn under the bars
     assert math.isfinite(high.summary.ttft_ms.p99)
+
+
+
+def test_a_probe_that_fails_as_a_whole_is_not_passed_on_its_window():
+    # Lab 17's probe at 7 req/s (5 served, TPOT bound 200 ms): the requests dispatched mid-run missed TPOT, those of
+    # the window (after the first dispatch + the median E2E) decoded while the server drained and met it. Here: 84
+    # requests at 7 req/s, 33 tokens each, TPOT 150 ms but 210 for those dispatched between 2.4 and 4.7 s.
+    from helpers.bench import stats
+    slo, recs = SLO(tpot_ms=200), []
+    for i in range(84):
+        d = i / 7
+        tpot = 0.21 if 2.4 <= d < 4.7 else 0.15
+        times = [d + 0.1 + k * tpot for k in range(33)]
+        recs.append(RequestResult(id=str(i), timings=Timings(t_scheduled=d, t_dispatched=d, t_first_token=times[0],
+                                                             t_end=times[-1], chunk_times=times, chunk_tokens=[1] * 33),
+                                  ok=True, output_tokens=33, http_status=200))
+    window = stats.steady_state_window(recs)
+    judged = stats.window_records(recs, window)
+    assert window.method == "steady-state" and len(judged) >= 35 and all(slo.met(r) for r in judged)
+
+    def runner(workload, arrivals, *, num_requests, seed, out, slo, label, **kw):
+        return RunResult(records=recs, summary=summarize(recs, slo=slo), config={"arrivals": arrivals.as_dict()})
+
+    res = find_max_rate(WorkloadSpec(), slo, attainment=0.9, start_rate=7.0, max_runs=1, runner=runner, out=False)
+    assert res.probes[0].decision == "fail" and "over the whole run attainment 81.0%" in res.probes[0].reason, res
+    res = find_max_rate(WorkloadSpec(), slo, metric="tpot", q=0.95, start_rate=7.0, max_runs=1, runner=runner, out=False)
+    assert res.probes[0].decision == "fail" and "over the whole run p95 210.0 ms" in res.probes[0].reason, res

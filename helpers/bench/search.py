@@ -254,25 +254,37 @@ def _judge(r: Any, mode: str, metric: str, q: float, target: float, slo: SLO, ma
     s = r.summary
     capped = bool((getattr(r, "config", None) or {}).get("arrivals", {}).get("max_in_flight"))
     window = steady_state_window(r.records)
-    if mode == "attainment":
-        judged = window_records(r.records, window)
-        met = sum(1 for x in judged if slo.met(x))
-        value = met / len(judged) if judged else None
-        ci = wilson_interval(met, len(judged))
-        good_side = ci is not None and ci[0] >= target
-        bad_side = ci is not None and ci[1] < target
-        where = (f"attainment {value:.1%} with 95% CI [{ci[0]:.1%}, {ci[1]:.1%}] against {target:.0%}"
-                 if value is not None and ci else "no requests in the window")
-    else:
-        value, ci = quantile_with_ci(metric_values(r.records, metric, window), q, seed=seed)
-        good_side = ci is not None and ci[1] <= target
-        bad_side = ci is not None and ci[0] > target
-        where = (f"p{q * 100:g} {value:.1f} ms with 95% CI [{ci[0]:.1f}, {ci[1]:.1f}] against {target:g} ms"
-                 if value is not None and ci else "no completed requests")
+
+    def statistic(judged: list) -> tuple[float | None, tuple[float, float] | None, bool, bool]:
+        if mode == "attainment":
+            met = sum(1 for x in judged if slo.met(x))
+            value, ci = (met / len(judged) if judged else None), wilson_interval(met, len(judged))
+            return value, ci, ci is not None and ci[0] >= target, ci is not None and ci[1] < target
+        value, ci = quantile_with_ci(metric_values(judged, metric, None), q, seed=seed)
+        return value, ci, ci is not None and ci[1] <= target, ci is not None and ci[0] > target
+
+    def describe(value: float | None, ci: tuple[float, float] | None) -> str:
+        if value is None or ci is None:
+            return "no requests in the window" if mode == "attainment" else "no completed requests"
+        if mode == "attainment":
+            return f"attainment {value:.1%} with 95% CI [{ci[0]:.1%}, {ci[1]:.1%}] against {target:.0%}"
+        return f"p{q * 100:g} {value:.1f} ms with 95% CI [{ci[0]:.1f}, {ci[1]:.1f}] against {target:g} ms"
+
+    value, ci, good_side, bad_side = statistic(window_records(r.records, window))
+    where = describe(value, ci)
     reasons: list[str] = []
     if value is None or ci is None:
         reasons.append(where)
         return "fail", value, ci, reasons, False
+    # The window keeps the requests dispatched after the ramp-up, up to the last dispatch; in a probe not many E2Es
+    # long, the last of them decode while the server drains (measured, lab 17: at 7 req/s against 5 served, the
+    # window's 39 requests all met TPOT 200 ms, the whole run's 84 only 68%, its failures mid-run). A run that
+    # fails as a whole is not passed on its window.
+    if window is not None and window.method == "steady-state" and good_side:
+        all_value, all_ci, _, all_bad = statistic(window_records(r.records, None))
+        if all_bad:
+            return "fail", value, ci, [where, f"but over the whole run {describe(all_value, all_ci)}: the window "
+                                              "missed requests that queued or slowed before the drain"], False
     if s.failure_rate > max_failure_rate:
         reasons.append(f"{s.failure_rate:.1%} of requests failed")
     cq = s.client_queue_ms.p99
