@@ -97,7 +97,8 @@ class Server:
     (vLLM's key guards only ``/v1``).
 
     With reuse on (``LABS_REUSE_SERVER=1``), :meth:`stop` parks a healthy server for the next :func:`start` with
-    the same arguments in the same ``LABS_SESSION``. When the machine is at its limit of servers
+    the same arguments in the same ``LABS_SESSION`` (a swappable one also serves a start that is not: its extra
+    routes go unused, its weights are its own again once parked). When the machine is at its limit of servers
     (``LABS_MAX_SERVERS``), ``make_room`` lets a start stop one of this session's parked servers first: the one
     adopted least often, the most recently parked among equals (so a configuration many labs share outlives the
     one-off servers started between them).
@@ -166,8 +167,11 @@ class Server:
     @property
     def key(self) -> str:
         """Identity of this configuration: same key, same server (for reuse). The API key enters as a digest."""
+        return self._key_with(self.env)
+
+    def _key_with(self, env: Mapping[str, str]) -> str:
         blob = json.dumps([os.path.dirname(os.path.abspath(self.python)), self.model_path, self._args(resolved=False),
-                           sorted(self.env.items()), self.host, _key_digest(self.api_key)])
+                           sorted(env.items()), self.host, _key_digest(self.api_key)])
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
     @property
@@ -232,8 +236,11 @@ class Server:
         return self
 
     def _adopt(self) -> bool:
+        keys = {self.key}
+        if not self.swappable:  # a parked swappable server is this configuration plus routes this start does not use
+            keys.add(self._key_with({**self.env, _DEV_MODE: "1"}))
         for rec in procs.records(KIND, session=settings.session()):
-            if rec.parked and rec.key == self.key and rec.alive and self._healthy(rec.host, rec.port):
+            if rec.parked and rec.key in keys and rec.alive and self._healthy(rec.host, rec.port):
                 self.proc = procs.Proc.adopt(rec, secrets=[self.api_key], on_release=self._release)
                 self.port, self.reused, self.ready_s = rec.port, True, 0.0
                 print(f"Reusing the vLLM server already running with these arguments: {rec.describe()}",
