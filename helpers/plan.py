@@ -482,7 +482,7 @@ def _lab17(p: runtime.Profile, quick: bool) -> dict[str, Any]:
     # CPU, measured on a 2-core machine (bf16, 128 in / 32 out): TPOT p90 50 ms at 1-2 req/s, 70-150 ms at 4, and at
     # 8 req/s a median of 190-430 ms with 5.4-6.9 req/s served (past saturation). An SLO of TTFT 5 s and TPOT 500 ms
     # let every configuration pass a 12 s probe at 8 req/s, overloaded: the searches ended unbracketed and compared
-    # where they stopped. TTFT 2 s and TPOT 200 ms put each limit between 4 and 8 req/s here, with room for a CPU
+    # where they stopped. TTFT 2 s and TPOT 200 ms put the limits at 3.5-7 req/s here (bracketed), with room for a CPU
     # at half this speed (float32 without AVX512-BF16: TPOT ~70 ms alone).
     slo = {"ttft_ms": 2000, "tpot_ms": 200} if not _gpu(p) else {"ttft_ms": 500, "tpot_ms": 40}
     return {"max_model_len": p.max_model_len, "max_request_tokens": 256 + out,
