@@ -199,7 +199,6 @@ def test_sweep_against_a_saturating_server(tmp_path):
     assert math.isfinite(high.summary.ttft_ms.p99)
 
 
-
 def test_a_probe_that_fails_as_a_whole_is_not_passed_on_its_window():
     # Lab 17's probe at 7 req/s (5 served, TPOT bound 200 ms): the requests dispatched mid-run missed TPOT, those of
     # the window (after the first dispatch + the median E2E) decoded while the server drained and met it. Here: 84

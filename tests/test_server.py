@@ -380,7 +380,6 @@ def test_reuse_parks_and_adopts_same_arguments_only(fake):
     c.terminate()
 
 
-
 def test_a_plain_start_adopts_a_parked_swappable_server_but_not_the_reverse(fake):
     # Lab 15 starts the baseline swappable, lab 17 plainly: the second adopts the first (one start saved in the
     # sequence) and cannot swap it; a swappable start never adopts a server without the routes it needs.
@@ -398,6 +397,7 @@ def test_a_plain_start_adopts_a_parked_swappable_server_but_not_the_reverse(fake
     assert sum("parked" in row for row in server.list_servers()) == 2
     needs_routes = fake(reuse=True, swappable=True, engine_args={"max_model_len": 4096}).start()
     assert not needs_routes.reused  # the parked plain server of these arguments lacks the routes
+
 
 def test_swap_weights_loads_a_same_shape_checkpoint_in_place_and_parks_only_its_own_weights(fake, tmp_path):
     with pytest.raises(ValueError, match="development routes"):
