@@ -116,6 +116,7 @@ LEAVES = {
     "helpers.artifacts": set(),
     "helpers.metrics": set(),
     "helpers.procs": {"helpers.settings"},
+    "helpers.progress": {"helpers.settings"},
     "helpers.runtime": {"helpers.settings"},
     "helpers.models": {"helpers.settings"},
     "helpers.bench.records": set(),

@@ -36,6 +36,7 @@ import httpx
 
 from .. import provenance, settings
 from ..metrics import ServerView
+from ..progress import Bar as ProgressBar
 from .arrivals import Arrivals, Synchronous
 from .client import ClientConfig
 from .harness import Harness, Supply
@@ -259,25 +260,16 @@ def _command(cfg: dict[str, Any], spec: Any, arrivals: Arrivals) -> str | None:
 
 
 class _Progress:
-    def __init__(self, enabled: bool, total: int | None, desc: str, leave: bool):
-        self.bar = None
-        if enabled:
-            with contextlib.suppress(ImportError):
-                from tqdm.auto import tqdm
+    """The run's bar: requests done, phase, in flight, failed (redrawn at ``progress.Bar``'s bounded rate)."""
 
-                self.bar = tqdm(total=total, desc=desc, unit="req", leave=leave)
+    def __init__(self, enabled: bool, total: int | None, desc: str, leave: bool):
+        self.bar = ProgressBar(total=total, desc=desc, unit="req", leave=leave, enabled=enabled)
 
     def update(self, h: Harness) -> None:
-        if self.bar is None:
-            return
-        if h.done > self.bar.n:
-            self.bar.update(h.done - self.bar.n)
-        self.bar.set_postfix_str(f"{h.phase}, in flight {h.in_flight}, failed {h.failed}", refresh=False)
-        self.bar.refresh()
+        self.bar.show(h.done, f"{h.phase}, in flight {h.in_flight}, failed {h.failed}")
 
     def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
+        self.bar.close()
 
 
 def run(

@@ -22,6 +22,7 @@ import psutil
 from .. import metrics as _metrics
 from .. import models as _models
 from .. import procs, settings
+from ..progress import Bar as ProgressBar
 from ..runtime import Profile, detect, resolve_engine_args
 from .args import check_engine_args, engine_cli, normalize
 from .startup import StartupInfo, failure_hint, parse_startup_log
@@ -527,27 +528,14 @@ def stop_all(verbose: bool = True, session: str | None = None) -> int:
     return procs.stop_all(session=session, verbose=verbose)
 
 
-class _NoBar:
-    def __call__(self, elapsed, status):
-        pass
-
-
 def _progress(enabled: bool, desc: str):
     """A progress line for the start-up wait: elapsed seconds and vLLM's latest log line."""
-    if not enabled:
-        return _NoBar()
-    try:
-        from tqdm.auto import tqdm
-    except ImportError:  # pragma: no cover
-        return _NoBar()
-    bar = tqdm(desc=desc, bar_format="{desc}: {elapsed} {postfix}", leave=False)
+    bar = ProgressBar(desc=desc, bar_format="{desc}: {elapsed} {postfix}", leave=False, enabled=enabled)
 
     def update(elapsed, status):
         if elapsed is None:
             bar.close()
-            return
-        bar.set_postfix_str(status or "", refresh=False)
-        bar.update(0)
-        bar.refresh()
+        else:
+            bar.show(postfix=status or "")
 
     return update
