@@ -58,9 +58,7 @@ class Bar:
         except ImportError:  # pragma: no cover - tqdm is a dependency
             return
         kw = {"bar_format": bar_format} if bar_format else {}
-        # tqdm redraws by itself on update() after `mininterval`: give it the same spacing, so only show() draws.
-        self._bar = tqdm(total=total, desc=desc, unit=unit, leave=leave, mininterval=max(self.interval_s, 0.1),
-                         **kw)
+        self._bar = tqdm(total=total, desc=desc, unit=unit, leave=leave, **kw)
 
     @property
     def enabled(self) -> bool:
@@ -71,7 +69,7 @@ class Bar:
         if self._bar is None:
             return
         if n is not None and n > self._bar.n:
-            self._bar.update(n - self._bar.n)
+            self._bar.n = n  # not update(), which redraws by itself: the rate shown is then the run's average
         if postfix is not None:
             self._bar.set_postfix_str(postfix, refresh=False)
         now = self._clock()
