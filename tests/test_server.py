@@ -580,28 +580,6 @@ def test_room_is_made_by_stopping_the_least_adopted_parked_server(fake, monkeypa
     third.terminate()
 
 
-def test_among_servers_adopted_equally_the_one_parked_longest_ago_goes_first(fake, monkeypatch):
-    """Lab 12's case: lab 11's one-off server and lab 12's new baseline, each used once, are parked; lab 12's next
-    start must keep the baseline, which labs 13-15 adopt."""
-    monkeypatch.setenv("LABS_MAX_SERVERS", "2")
-    pids = {}
-    for name, length in (("older", 1024), ("newer", 2048)):
-        srv = fake(reuse=True, engine_args={"max_model_len": length})
-        srv.start()
-        pids[name] = srv.pid
-        srv.stop()  # parked, used once
-    third = fake(reuse=True, engine_args={"max_model_len": 512})
-    third.start()  # the machine is full: one parked server must go
-
-    def alive(pid):
-        return psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-
-    assert alive(pids["newer"]) and not alive(pids["older"])
-    again = fake(reuse=True, engine_args={"max_model_len": 2048})
-    again.start()
-    assert again.reused and again.pid == pids["newer"]
-
-
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="psutil's create time reads /proc/stat's btime")
 def test_a_clock_step_neither_kills_a_live_process_on_paper_nor_hides_its_tree(monkeypatch):
     """psutil adds /proc/stat's btime, a whole second derived from the wall clock at each read, to a process's start:

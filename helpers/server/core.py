@@ -101,8 +101,8 @@ class Server:
     the same arguments in the same ``LABS_SESSION`` (a swappable one also serves a start that is not: its extra
     routes go unused, its weights are its own again once parked). When the machine is at its limit of servers
     (``LABS_MAX_SERVERS``), ``make_room`` lets a start stop one of this session's parked servers first: the one
-    adopted least often (so a configuration many labs share outlives the one-off servers started between them), and
-    among equals the one parked longest ago (the one a later lab is least likely to ask for).
+    adopted least often, the most recently parked among equals (so a configuration many labs share outlives the
+    one-off servers started between them).
 
     A start that writes no log line and uses no CPU in its process tree for ``stall_s`` seconds is stuck (seen
     here: a process frozen in the kernel before its first line): it is stopped and started once more, long before
@@ -267,10 +267,7 @@ class Server:
                         ticket = _take_ticket()  # the newest: the same waiters are still ahead of it
                     if len(running) + ahead >= limit and self.make_room:
                         parked = [r for r in running if r.parked and r.session == settings.session()]
-                        # Least adopted first; among equals the one parked longest ago. (Most recently parked first
-                        # stopped lab 12's new swappable baseline, used once, to start its fp8-KV server, and kept
-                        # lab 11's one-off; lab 13 then started that baseline again.)
-                        parked.sort(key=lambda r: (int(r.meta.get("uses", 1)), float(r.meta.get("parked_at", 0.0))))
+                        parked.sort(key=lambda r: (int(r.meta.get("uses", 1)), -float(r.meta.get("parked_at", 0.0))))
                         for rec in parked:
                             procs.kill_tree(rec.pid, rec.create_time)
                             rec.remove()
