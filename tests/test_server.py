@@ -399,6 +399,31 @@ def test_a_plain_start_adopts_a_parked_swappable_server_but_not_the_reverse(fake
     assert not needs_routes.reused  # the parked plain server of these arguments lacks the routes
 
 
+def test_room_is_made_first_by_stopping_a_plain_server_that_a_swappable_twin_also_serves(fake, monkeypatch):
+    """Labs 11 and 12: lab 11's plain baseline (adopted twice) and lab 12's swappable one of the same arguments
+    (used once) are parked when lab 12 starts its fp8-KV server. The plain one must go: the swappable one serves
+    both kinds of start, and labs 13-15 start it swappable."""
+    monkeypatch.setenv("LABS_MAX_SERVERS", "2")
+    plain = fake(reuse=True).start()
+    plain_pid = plain.pid
+    plain.stop()
+    again = fake(reuse=True).start()
+    assert again.reused
+    again.stop()  # parked, used twice
+    swappable = fake(reuse=True, swappable=True).start()
+    assert not swappable.reused  # the plain server lacks the routes
+    swappable_pid = swappable.pid
+    swappable.stop()  # parked, used once
+    other = fake(reuse=True, engine_args={"max_model_len": 4096}).start()  # the machine is full
+    assert psutil.pid_exists(swappable_pid) and psutil.Process(swappable_pid).status() != psutil.STATUS_ZOMBIE
+    assert not psutil.pid_exists(plain_pid) or psutil.Process(plain_pid).status() == psutil.STATUS_ZOMBIE
+    other.stop()
+    for start in (dict(swappable=True), {}):
+        s = fake(reuse=True, **start).start()
+        assert s.reused and s.pid == swappable_pid
+        s.stop()
+
+
 def test_swap_weights_loads_a_same_shape_checkpoint_in_place_and_parks_only_its_own_weights(fake, tmp_path):
     with pytest.raises(ValueError, match="development routes"):
         fake(host="0.0.0.0", api_key="secret", behind_auth_proxy=True, swappable=True)

@@ -102,7 +102,8 @@ class Server:
     routes go unused, its weights are its own again once parked). When the machine is at its limit of servers
     (``LABS_MAX_SERVERS``), ``make_room`` lets a start stop one of this session's parked servers first: the one
     adopted least often, the most recently parked among equals (so a configuration many labs share outlives the
-    one-off servers started between them).
+    one-off servers started between them); before any of those, a plain server whose configuration a swappable
+    server of the session also serves.
 
     A start that writes no log line and uses no CPU in its process tree for ``stall_s`` seconds is stuck (seen
     here: a process frozen in the kernel before its first line): it is stopped and started once more, long before
@@ -236,6 +237,12 @@ class Server:
                 bar(None, None)
         return self
 
+    def _serves(self) -> list[str]:
+        """The keys of the starts this server can serve once parked: its own and, if swappable, the plain one's."""
+        if not self.swappable:
+            return [self.key]
+        return [self.key, self._key_with({k: v for k, v in self.env.items() if k != _DEV_MODE})]
+
     def _adopt(self) -> bool:
         keys = {self.key}
         if not self.swappable:  # a parked swappable server is this configuration plus routes this start does not use
@@ -267,7 +274,13 @@ class Server:
                         ticket = _take_ticket()  # the newest: the same waiters are still ahead of it
                     if len(running) + ahead >= limit and self.make_room:
                         parked = [r for r in running if r.parked and r.session == settings.session()]
-                        parked.sort(key=lambda r: (int(r.meta.get("uses", 1)), -float(r.meta.get("parked_at", 0.0))))
+                        # A plain server whose configuration a swappable one of this session also serves goes
+                        # first: lab 12's fp8-KV start stopped its new swappable baseline (used once) and kept lab
+                        # 11's plain one (used twice), which no swappable start can adopt; lab 13 started it again.
+                        twins = {k for r in running if r.session == settings.session()
+                                 for k in r.meta.get("serves", [])[1:]}
+                        parked.sort(key=lambda r: (r.key not in twins, int(r.meta.get("uses", 1)),
+                                                   -float(r.meta.get("parked_at", 0.0))))
                         for rec in parked:
                             procs.kill_tree(rec.pid, rec.create_time)
                             rec.remove()
@@ -321,7 +334,7 @@ class Server:
             cmd, kind=KIND, name=self.served_model_name, env=env, host=self.host, port=self.port, key=self.key,
             log_path=self.log_dir / f"vllm-{self.served_model_name}-{stamp}-{self.port}.log",
             secrets=[self.api_key], die_with_owner=not self.reuse, on_release=self._release,
-            meta={"model": self.model_path}).start()
+            meta={"model": self.model_path, "serves": self._serves()}).start()
 
     def _healthy(self, host: str | None = None, port: int | None = None) -> bool:
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
