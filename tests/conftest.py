@@ -1,7 +1,7 @@
 """Fixtures shared by the test files.
 
 ``cpu_server``: one real vLLM server (the CPU profile, max_model_len 1024, ``swappable=True``) for the tests marked
-``vllm`` that need nothing but a running server of the default model: each start costs about 45 s here (three
+``vllm`` that need nothing but a running server of the default model: each start costs 40-60 s here (two
 processes importing vLLM in turn), and ``make test`` runs inside a budget. Started at its first use and stopped when
 the session ends, never parked. A test that swaps weights into it gets the original weights back after it, pass or
 fail, so the next test finds the server it expects.

@@ -45,7 +45,7 @@ def test_cpu_profile_and_overrides(monkeypatch):
     kw = prof.server_kwargs(max_model_len=4096, env={"X": "1"})
     assert kw["engine_args"]["max_model_len"] == 4096
     assert kw["engine_args"]["optimization_level"] == 0
-    assert kw["env"] == {"VLLM_CPU_NUM_OF_RESERVED_CPU": "0", "X": "1"}
+    assert kw["env"] == {"VLLM_CPU_NUM_OF_RESERVED_CPU": "0", "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "X": "1"}
     assert prof.engine_args.get("max_model_len") is None  # the profile itself is untouched
     # The KV pool is set the way a GPU sets it: a share of memory, not a byte count vLLM would report back.
     assert "kv_cache_memory_bytes" not in prof.engine_args and "VLLM_CPU_KVCACHE_SPACE" not in prof.env

@@ -631,3 +631,19 @@ def test_a_clock_step_neither_kills_a_live_process_on_paper_nor_hides_its_tree(m
     finally:
         with contextlib.suppress(ProcessLookupError):  # only if an assert above failed
             os.killpg(leader.pid, 9)
+
+
+@pytest.mark.vllm
+@pytest.mark.skipif(not __import__("importlib").util.find_spec("vllm"), reason="needs vLLM installed")
+def test_the_cpu_profile_serves_from_two_processes_not_three(cpu_server):
+    """The CPU profile keeps the worker in the engine core's process (VLLM_ENABLE_V1_MULTIPROCESSING=0), so a start
+    imports vLLM twice, not three times: the API server's only vLLM child is the engine core, which has none."""
+    api = psutil.Process(cpu_server.pid)
+    python_children = [c for c in api.children() if "resource_tracker" not in " ".join(c.cmdline())]
+    assert [c.name()[:15] for c in python_children] == ["VLLM::EngineCor"], [c.cmdline() for c in python_children]
+    grandchildren = [c for c in python_children[0].children(recursive=True)
+                     if "resource_tracker" not in " ".join(c.cmdline())]
+    assert grandchildren == [], [(c.name(), c.cmdline()) for c in grandchildren]
+    log = cpu_server.log_text()
+    assert "(Worker pid=" not in log and any("(EngineCore" in line and "Loading weights took" in line
+                                              for line in log.splitlines()), cpu_server.log_tail(40)
