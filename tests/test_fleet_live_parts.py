@@ -56,6 +56,8 @@ def test_every_profile_gets_a_share_of_its_device_per_replica(name):
     machine_one, machine_two = (cpu, cpu) if prof.device == "cpu" else (one_gpu, two_gpu)
     envs = [fleet.replica_env(prof, i, 2, machine_two) for i in range(2)]
     assert envs[0] != envs[1]                        # two cards or two core blocks: never the same
+    if prof.device == "cpu":                         # vLLM binds cores only in its multiprocessing executor
+        assert all(e["VLLM_ENABLE_V1_MULTIPROCESSING"] == "1" for e in envs)
     over = replicas.replica_overrides(prof, 2, machine_one)
     assert over["enable_scale_out"] is True
     if prof.device != "cpu":                         # two replicas on one card split its memory

@@ -65,7 +65,11 @@ def replica_env(profile: Profile, index: int, n: int, machine: Machine | None = 
     if not 0 <= index < n:
         raise ValueError(f"replica index {index} outside 0..{n - 1}")
     if profile.device == "cpu":
-        return {"VLLM_CPU_OMP_THREADS_BIND": core_blocks(machine.cpu_count, n)[index]}
+        # vLLM binds a worker's OpenMP threads to its cores only in its multiprocessing executor, which the CPU
+        # profile turns off for single servers (VLLM_ENABLE_V1_MULTIPROCESSING=0: one import less a start); replicas
+        # sharing a machine need the binding, or each one's threads roam over every core.
+        return {"VLLM_CPU_OMP_THREADS_BIND": core_blocks(machine.cpu_count, n)[index],
+                "VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
     gpus = len(machine.gpus)
     if gpus >= n:
         return {"CUDA_VISIBLE_DEVICES": str(index)}
