@@ -83,6 +83,23 @@ def test_find_max_rate_halves_when_the_start_fails_and_needs_a_bound():
         find_max_rate(WorkloadSpec(), SLO(ttft_ms=200), attainment=90, runner=fake_runner(knee(1), []))
 
 
+def test_find_max_rate_stops_halving_at_min_rate():
+    """A configuration that misses the target at every rate: with a floor the search ends there, bracket
+    (None, floor), instead of spending max_runs on ever longer probes."""
+    calls: list = []
+    res = find_max_rate(WorkloadSpec(), SLO(ttft_ms=200), start_rate=1.0, min_rate=0.5, max_runs=8, min_requests=10,
+                        runner=fake_runner(lambda rate, n, rng: np.full(n, 1500.0), calls), out=False)
+    assert [c["rate"] for c in calls] == [1.0, 0.5]
+    assert res.rate is None and res.bracket == (None, 0.5)
+    floored = find_max_rate(WorkloadSpec(), SLO(ttft_ms=200), start_rate=1.0, min_rate=0.3, max_runs=8,
+                            min_requests=10, runner=fake_runner(lambda rate, n, rng: np.full(n, 1500.0), calls := []),
+                            out=False)
+    assert [c["rate"] for c in calls] == [1.0, 0.5, 0.3]          # the last halving lands on the floor
+    without = find_max_rate(WorkloadSpec(), SLO(ttft_ms=200), start_rate=1.0, max_runs=4, min_requests=10,
+                            runner=fake_runner(lambda rate, n, rng: np.full(n, 1500.0), []), out=False)
+    assert without.bracket == (None, 0.125) and floored.bracket == (None, 0.3)
+
+
 def straddling(rate, n, rng):
     """All requests at 100 ms but the two slowest at 150 and 260 ms: p99's interval holds 200 ms at any n."""
     x = np.full(n, 100.0)

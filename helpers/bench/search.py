@@ -310,6 +310,7 @@ def find_max_rate(
     q: float = 0.99,
     start_rate: float = 1.0,
     max_rate: float | None = None,
+    min_rate: float | None = None,
     rel_tol: float = 0.1,
     max_runs: int = 8,
     max_repeats: int = 1,
@@ -338,7 +339,10 @@ def find_max_rate(
 
     Bracketing then bisection: from ``start_rate`` double while probes pass (halve while they do not) until a pass
     and a non-pass bracket the answer, then bisect until the bracket is within ``rel_tol`` of the passing rate, or
-    ``max_runs`` runs (reruns included) were made. Each run lasts about ``duration_s`` (at least ``min_requests``
+    ``max_runs`` runs (reruns included) were made. ``max_rate`` caps the doubling; ``min_rate`` floors the halving
+    (a failure there ends the search, bracket ``(None, min_rate)``): a probe of ``min_requests`` at half the rate
+    takes twice as long, and below some rate the answer no longer matters (lab 17: a configuration that misses the
+    target at half the baseline's rate costs more than twice as much per token). Each run lasts about ``duration_s`` (at least ``min_requests``
     requests: by default 30, and with ``attainment`` a quarter more than :func:`requests_to_show`, below which no
     probe could pass) with fresh prompts. A pass at or above a failed rate is kept and flagged (``non_monotonic``).
     ``confirm(remeasure)``, if given, is called with a :class:`Remeasure` of the found rate (it may start a fresh
@@ -422,7 +426,9 @@ def find_max_rate(
                 break
             rate = rate * 2 if max_rate is None else min(rate * 2, max_rate)
         else:
-            rate = rate / 2
+            if min_rate is not None and rate <= min_rate:
+                break  # failed at the lowest rate worth knowing: the answer is "below min_rate"
+            rate = rate / 2 if min_rate is None else max(rate / 2, min_rate)
     confirmed = None
     if confirm is not None and lo is not None:
         found, found_s = lo, lo_duration
