@@ -65,6 +65,21 @@ def test_every_profile_gets_a_share_of_its_device_per_replica(name):
         assert "gpu_memory_utilization" not in replicas.replica_overrides(prof, 2, two_gpu)
 
 
+def test_tp_env_binds_every_tp_size_on_cpu_and_nothing_on_gpu():
+    """TP=1 and TP=2 on the same cores, both through vLLM's multiprocessing executor (the only one that binds)."""
+    cpu = runtime.Machine(is_colab=False, gpus=(), cpu_count=2, memory_gib=24.0, cpu_name="x",
+                          cpu_flags=frozenset({"avx2"}))
+    prof = runtime.PROFILES["cpu"]
+    assert fleet.tp_env(prof, 1, cpu) == {"VLLM_CPU_OMP_THREADS_BIND": "0-1", "VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
+    assert fleet.tp_env(prof, 2, cpu) == {"VLLM_CPU_OMP_THREADS_BIND": "0|1", "VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
+    with pytest.raises(ValueError, match="needs 3 cores"):
+        fleet.tp_env(prof, 3, cpu)
+    gpu = next(p for p in runtime.PROFILES.values() if p.device != "cpu")
+    two = runtime.Machine(is_colab=False, gpus=(GPU, GPU), cpu_count=16, memory_gib=128.0, cpu_name="x",
+                          cpu_flags=frozenset())
+    assert fleet.tp_env(gpu, 2, two) == {}
+
+
 class _Prom:
     def __init__(self):
         self.waiting = 0.0

@@ -65,11 +65,7 @@ def replica_env(profile: Profile, index: int, n: int, machine: Machine | None = 
     if not 0 <= index < n:
         raise ValueError(f"replica index {index} outside 0..{n - 1}")
     if profile.device == "cpu":
-        # vLLM binds a worker's OpenMP threads to its cores only in its multiprocessing executor, which the CPU
-        # profile turns off for single servers (VLLM_ENABLE_V1_MULTIPROCESSING=0: one import less a start); replicas
-        # sharing a machine need the binding, or each one's threads roam over every core.
-        return {"VLLM_CPU_OMP_THREADS_BIND": core_blocks(machine.cpu_count, n)[index],
-                "VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
+        return _bound(core_blocks(machine.cpu_count, n)[index])
     gpus = len(machine.gpus)
     if gpus >= n:
         return {"CUDA_VISIBLE_DEVICES": str(index)}
@@ -98,8 +94,17 @@ def tp_env(profile: Profile, tp: int, machine: Machine | None = None) -> dict[st
         raise ValueError(f"tensor_parallel_size={tp} needs {tp} {'cores' if profile.device == 'cpu' else 'GPUs'}; "
                          f"this machine has {slots}")
     if profile.device == "cpu":
-        return {"VLLM_CPU_OMP_THREADS_BIND": "|".join(core_blocks(machine.cpu_count, tp))}
+        return _bound("|".join(core_blocks(machine.cpu_count, tp)))
     return {}
+
+
+def _bound(cores: str) -> dict[str, str]:
+    """A CPU server's threads bound to ``cores`` (vLLM's ``VLLM_CPU_OMP_THREADS_BIND`` syntax).
+
+    vLLM binds a worker's OpenMP threads only in its multiprocessing executor, which the CPU profile turns off for
+    single servers (``VLLM_ENABLE_V1_MULTIPROCESSING=0``: one import less a start): turned back on here, or the
+    binding is silently ignored (a TP=1 server, a replica) and the threads roam over every core."""
+    return {"VLLM_CPU_OMP_THREADS_BIND": cores, "VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
 
 
 def replica_overrides(profile: Profile, n: int, machine: Machine | None = None) -> dict[str, Any]:
