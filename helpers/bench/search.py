@@ -341,8 +341,8 @@ def find_max_rate(
     and a non-pass bracket the answer, then bisect until the bracket is within ``rel_tol`` of the passing rate, or
     ``max_runs`` runs (reruns included) were made. ``max_rate`` caps the doubling; ``min_rate`` floors the halving
     (a failure there ends the search, bracket ``(None, min_rate)``): a probe of ``min_requests`` at half the rate
-    takes twice as long, and below some rate the answer no longer matters (lab 17: a configuration that misses the
-    target at half the baseline's rate costs more than twice as much per token). Each run lasts about
+    takes twice as long, and below some rate the answer no longer matters (lab 17: on the same machine, a
+    configuration that misses the target at the baseline's rate costs more per token than the baseline). Each run lasts about
     ``duration_s`` (at least ``min_requests`` requests: by default 30, and with ``attainment`` a quarter more than
     :func:`requests_to_show`, below which no probe could pass) with fresh prompts. A pass at or above a failed
     rate is kept and flagged (``non_monotonic``).
