@@ -39,7 +39,7 @@ import numpy as np
 from . import models, procs, settings
 from .bench.workloads import token_counter
 
-__all__ = ["TASKS", "TaskScore", "Accuracy", "accuracy", "Drift", "prompt_logprobs", "drift", "LengthScore",
+__all__ = ["TASKS", "TaskScore", "Accuracy", "accuracy", "LmEvalMissing", "lm_eval_python", "Drift", "prompt_logprobs", "drift", "LengthScore",
            "LongContext", "long_context", "Quality", "quality", "Gate", "gate", "bootstrap_mean_ci", "paired_diff_ci"]
 
 #: The multiple-choice tasks shipped in data/evals/ (one JSONL each).
@@ -128,6 +128,39 @@ def _check_tasks(tasks: Iterable[str]) -> list[Path]:
     return files
 
 
+class LmEvalMissing(RuntimeError):
+    """No Python with lm-eval: ``make setup`` installs it into the quantization environment.
+
+    Introduced in lab 15 (Proving Quantization Safe).
+    """
+
+
+def lm_eval_python() -> str:
+    """The Python that runs lm-eval: this interpreter if it has ``lm_eval``, else the quantization environment's
+    (``.venv-quant``, or ``$LABS_QUANT_PYTHON``), where ``make setup`` installs it. lm-eval brings scikit-learn and
+    SciPy, and transformers imports both whenever they are installed: kept out of vLLM's environment, every vLLM
+    process imports about 1.5 s less at start-up (two processes a server on a CPU, measured on a 2-core EPYC).
+
+    Introduced in lab 15 (Proving Quantization Safe).
+    """
+    import importlib.util
+
+    if importlib.util.find_spec("lm_eval") is not None:
+        return sys.executable
+    from .quant import env as quant_env
+
+    try:
+        py = quant_env.quant_python()
+    except quant_env.QuantEnvMissing as e:
+        raise LmEvalMissing(f"lm-eval is not installed here (`pip install 'lm_eval[api]==0.4.13'` adds it), and "
+                            f"{e}") from None
+    if not any(py.parent.parent.glob("lib/python*/site-packages/lm_eval-*.dist-info")):
+        raise LmEvalMissing(f"lm-eval is missing from {py.parent.parent}: run `make setup` (it installs lm_eval[api] "
+                            "there, from requirements-quant.txt), or `pip install 'lm_eval[api]==0.4.13'` into this "
+                            "environment.")
+    return str(py)
+
+
 #: lm-eval's own CLI, told to index only the tasks passed with --include_path: by default it first indexes its ~10,000
 #: built-in task files (measured here: 20-38 s before the first request), which these tasks never use.
 _LM_EVAL = ("import lm_eval.tasks.manager as m\n"
@@ -159,7 +192,7 @@ def accuracy(server: Any, tasks: Sequence[str] = TASKS, limit: int | None = None
     tokenizer = models.local_path(server.model_path) or server.model_path
     args = ",".join([f"model={server.model}", f"base_url={server.base_url}/completions", f"tokenizer={tokenizer}",
                      f"num_concurrent={int(concurrency)}", "tokenized_requests=False", "max_retries=2"])
-    cmd = [sys.executable, "-c", _LM_EVAL, "--model", "local-completions", "--model_args", args,
+    cmd = [lm_eval_python(), "-c", _LM_EVAL, "--model", "local-completions", "--model_args", args,
            "--include_path", str(include), "--tasks", ",".join(f"labs_{t}" for t in tasks),
            "--batch_size", str(batch_size), "--output_path", str(work / "out"), "--log_samples"]
     if limit:

@@ -74,9 +74,16 @@ def test_shipped_tasks_are_well_formed():
     assert len(files) == len(evals.TASKS) and all(f.stat().st_size > 0 for f in files)
 
 
+def _has_lm_eval() -> bool:
+    try:
+        return bool(evals.lm_eval_python())
+    except evals.LmEvalMissing:
+        return False
+
+
 @pytest.mark.vllm
-@pytest.mark.skipif(importlib.util.find_spec("vllm") is None or importlib.util.find_spec("lm_eval") is None,
-                    reason="needs vLLM and lm-eval")
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None or not _has_lm_eval(),
+                    reason="needs vLLM and lm-eval (make setup installs it into .venv-quant)")
 def test_real_server_quality_and_drift_against_itself(cpu_server):
     """The default model against itself: accuracy well above chance, drift zero, retrieval measured per length."""
     texts = evals._texts(None)[:6]
@@ -102,3 +109,24 @@ def test_a_quality_report_round_trips_through_json(tmp_path):
     assert back == q
     assert back.drift.top1 == pytest.approx(2 / 3) and back.drift.kl_mean > 0  # 5 vs 6 first at the last position
     assert not list((tmp_path / "q").glob("*.tmp"))  # written atomically
+
+
+def test_lm_eval_runs_from_the_quantization_environment_when_this_one_lacks_it(tmp_path, monkeypatch):
+    """lm-eval (with its scikit-learn and SciPy) is kept out of vLLM's environment; without it here, evals finds the
+    quantization environment's, and says what to do when that has none either."""
+    import importlib.util as iu
+
+    real = iu.find_spec
+    monkeypatch.setattr(iu, "find_spec", lambda name, *a: None if name == "lm_eval" else real(name, *a))
+    env = tmp_path / "venv-quant"
+    py = env / "bin" / "python"
+    py.parent.mkdir(parents=True)
+    py.write_text("")
+    monkeypatch.setenv("LABS_QUANT_PYTHON", str(py))
+    with pytest.raises(evals.LmEvalMissing, match="make setup"):
+        evals.lm_eval_python()
+    (env / "lib" / "python3.11" / "site-packages" / "lm_eval-0.4.13.dist-info").mkdir(parents=True)
+    assert evals.lm_eval_python() == str(py)
+    monkeypatch.setenv("LABS_QUANT_PYTHON", str(tmp_path / "nowhere" / "python"))
+    with pytest.raises(evals.LmEvalMissing, match="lm-eval is not installed here"):
+        evals.lm_eval_python()
