@@ -81,3 +81,28 @@ def test_every_pip_install_in_setup_takes_the_probed_index():
     makefile = (ROOT / "Makefile").read_text()
     assert "--extra-index-url" not in makefile.replace("TORCH_CPU_INDEX_ARGS", "")
     assert makefile.count("$(TORCH_CPU_INDEX_ARGS) -r requirements-") == 2
+
+
+# pandas methods the labs call whose optional dependency pandas does not install for them.
+_PANDAS_OPTIONAL = {".to_markdown(": "tabulate", ".to_excel(": "openpyxl", ".to_parquet(": "pyarrow", ".style.": "jinja2"}
+
+
+def test_every_module_the_labs_need_is_installed_in_this_environment():
+    """What the notebooks import, and the optional packages behind the pandas methods they call, import here.
+    CI of 2026-12-04 failed lab 24 on ``DataFrame.to_markdown`` once lm-eval (which had brought tabulate) moved to
+    the quantization environment: nothing else imported tabulate, so only the 46th minute of the labs noticed."""
+    import importlib.util
+    import json
+    import re
+
+    needed: dict[str, set[str]] = {}
+    for nb in sorted((ROOT / "labs").glob("*.ipynb")):
+        code = "\n".join("".join(c["source"]) for c in json.loads(nb.read_text())["cells"] if c["cell_type"] == "code")
+        for name in re.findall(r"^\s*(?:import|from)\s+([A-Za-z_]\w*)", code, re.M):
+            needed.setdefault(name, set()).add(nb.name[:2])
+        for call, module in _PANDAS_OPTIONAL.items():
+            if call in code:
+                needed.setdefault(module, set()).add(nb.name[:2])
+    assert "tabulate" in needed, "no lab calls to_markdown any more: update _PANDAS_OPTIONAL"
+    missing = {m: sorted(labs) for m, labs in needed.items() if importlib.util.find_spec(m) is None}
+    assert not missing, f"not installed in {sys.prefix} (labs that need them): {missing}; add them to requirements.txt"
