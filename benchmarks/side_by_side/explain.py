@@ -139,7 +139,8 @@ def _ttft(rep: dict[str, Any]) -> str:
             "front end has received the request) is " + ", ".join(f"{fmt(gap[t])} ms for {LABELS[t]}" for t in tools)
             + ". A plain difference between tools is mostly the server being slower or faster during one tool's "
             "runs (other processes on these 2 cores, or the client's own CPU taken from the server: see table 3), "
-            "which is why the verdict divides by the server's own TTFT for the same requests.")
+            "which is why the verdict compares the client-minus-server gaps, as a fraction of the server's own TTFT for "
+            "the same requests.")
 
 
 def _tpot(rep: dict[str, Any]) -> str:

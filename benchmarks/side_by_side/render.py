@@ -10,7 +10,7 @@ from typing import Any
 
 from helpers import artifacts
 
-from .explain import DEFINITIONS, differences, div, fmt, sub
+from .explain import DEFINITIONS, differences, fmt, sub
 from .records import Load, Target, ToolRun
 from .tools import LABELS
 
@@ -77,9 +77,10 @@ def _table2(rep: dict[str, Any]) -> list[str]:
         sv = {t: rep["server"][t].get(f"{m}_mean") for t in tools}
         L.append(f"| server {m.upper()} mean, same requests | " + " | ".join(
             fmt(sv[t]) + (_rel(sv[t], sv.get("ours")) if t != "ours" else "") for t in tools) + " |")
-        L.append(f"| client / server, {m.upper()} mean | " + " | ".join(
-            fmt(div(rep["matched"][t].get(f"{m}_mean"), sv[t]), ".3f") for t in tools) + " |")
-    L += ["", "The verdict compares the client/server ratios (the server's speed, which other processes on these "
+        L.append(f"| client - server, {m.upper()} mean | " + " | ".join(
+            fmt(sub(rep["matched"][t].get(f"{m}_mean"), sv[t])) for t in tools) + " |")
+    L += ["", "The verdict compares what each client adds to the server's own mean for the same requests (client "
+          "minus server, as a fraction of the server's mean: the server's speed, which other processes on these "
           "cores change from run to run, cancels); the plain difference of client means is shown with its bootstrap "
           "95% interval and its per-round values, which is what machine noise does to a naive comparison.\n"]
     for t, c in rep["comparison"].items():
@@ -92,7 +93,7 @@ def _table2(rep: dict[str, Any]) -> list[str]:
             line = f"- {LABELS[t]} vs ours, {m.upper()} mean: "
             if pa.get("available"):
                 pr = ", ".join(f"{d:+.1%}" for d in pa["per_round_rel_diff"])
-                line += (f"client/server {pa['ratio']:.3f} vs {pa['base_ratio']:.3f}: **{pa['rel_diff']:+.1%}** "
+                line += (f"client - server {pa['gap_ms']:.1f} vs {pa['base_gap_ms']:.1f} ms: **{pa['rel_diff']:+.1%}** "
                          f"(per round: {pr}), {'within' if x['within_tolerance'] else 'OUTSIDE'} {tol:.0%}. ")
             pr = ", ".join(f"{d:+.1%}" for d in raw["per_round_rel_diff"])
             line += (f"Plain: {raw['mean']:.1f} vs {raw['base_mean']:.1f} ms, {raw['rel_diff']:+.1%} (95% CI "
@@ -210,19 +211,20 @@ def render_markdown(rep: dict[str, Any]) -> str:
 
 
 def charts(rep: dict[str, Any]) -> dict[str, Any]:
-    """Two charts: each run's client/server ratio (the verdict, run by run), and each tool's TTFT distribution."""
+    """Two charts: what each run's client added to the server's own mean (the verdict, run by run), and each
+    tool's TTFT distribution."""
     import altair as alt
     import pandas as pd
 
-    ratio = pd.DataFrame([{"tool": LABELS[r.tool], "round": r.round + 1, "metric": m.upper(),
-                           "client / server": div(r.matched[f"{m}_mean"], r.server_mean(m))}
-                          for r in rep["runs"] if r.ok for m in ("ttft", "tpot")]).dropna()
+    gaps = pd.DataFrame([{"tool": LABELS[r.tool], "round": r.round + 1, "metric": m.upper(),
+                          "client - server (ms)": sub(r.matched[f"{m}_mean"], r.server_mean(m))}
+                         for r in rep["runs"] if r.ok for m in ("ttft", "tpot")]).dropna()
     ttft = pd.DataFrame([{"tool": LABELS[r.tool], "TTFT (ms)": q.ttft_ms} for r in rep["runs"] if r.ok
                          for q in r.reqs if q.ok and q.ttft_ms is not None])
     out: dict[str, Any] = {}
-    if not ratio.empty:
-        out["Client mean over server mean, each run"] = alt.Chart(ratio).mark_point(filled=True, size=80).encode(
-            x=alt.X("client / server:Q", scale=alt.Scale(zero=False)), y=alt.Y("tool:N", title=None),
+    if not gaps.empty:
+        out["Client mean minus server mean, each run"] = alt.Chart(gaps).mark_point(filled=True, size=80).encode(
+            x=alt.X("client - server (ms):Q", scale=alt.Scale(zero=False)), y=alt.Y("tool:N", title=None),
             color="tool:N", shape="round:N", row=alt.Row("metric:N", title=None)).properties(width=480
         ).resolve_scale(x="independent")
     if not ttft.empty:
