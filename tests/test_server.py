@@ -380,6 +380,33 @@ def test_reuse_parks_and_adopts_same_arguments_only(fake):
     c.terminate()
 
 
+def test_starts_from_threads_adopt_different_parked_servers_of_one_key(fake, monkeypatch):
+    """Two replicas on one GPU share a key; started together (fleet.start_replicas), each must adopt its own parked
+    server. A slow health probe holds both threads between finding a parked record and taking it."""
+    parked = [fake(reuse=True).start() for _ in range(2)]
+    pids = {s.pid for s in parked}
+    for s in parked:
+        s.stop()
+    healthy = server.Server._healthy
+
+    def slow_healthy(self, host=None, port=None):
+        time.sleep(0.5)
+        return healthy(self, host, port)
+
+    monkeypatch.setattr(server.Server, "_healthy", slow_healthy)
+    starts = [fake(reuse=True) for _ in range(2)]
+    threads = [threading.Thread(target=s.start) for s in starts]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    try:
+        assert all(s.reused for s in starts) and {s.pid for s in starts} == pids, [(s.reused, s.pid) for s in starts]
+    finally:
+        for s in starts:
+            s.terminate()
+
+
 def test_a_plain_start_adopts_a_parked_swappable_server_but_not_the_reverse(fake):
     # Lab 15 starts the baseline swappable, lab 17 plainly: the second adopts the first (one start saved in the
     # sequence) and cannot swap it; a swappable start never adopts a server without the routes it needs.

@@ -247,13 +247,16 @@ class Server:
         keys = {self.key}
         if not self.swappable:  # a parked swappable server is this configuration plus routes this start does not use
             keys.add(self._key_with({**self.env, _DEV_MODE: "1"}))
-        for rec in procs.records(KIND, session=settings.session()):
-            if rec.parked and rec.key in keys and rec.alive and self._healthy(rec.host, rec.port):
-                self.proc = procs.Proc.adopt(rec, secrets=[self.api_key], on_release=self._release)
-                self.port, self.reused, self.ready_s = rec.port, True, 0.0
-                print(f"Reusing the vLLM server already running with these arguments: {rec.describe()}",
-                      file=sys.stderr)
-                return True
+        # One adoption at a time in this process: replicas started together from threads can share a key (two on one
+        # GPU), and each must take a different parked server. The registry is read again under the lock.
+        with _ADOPTING:
+            for rec in procs.records(KIND, session=settings.session()):
+                if rec.parked and rec.key in keys and rec.alive and self._healthy(rec.host, rec.port):
+                    self.proc = procs.Proc.adopt(rec, secrets=[self.api_key], on_release=self._release)
+                    self.port, self.reused, self.ready_s = rec.port, True, 0.0
+                    print(f"Reusing the vLLM server already running with these arguments: {rec.describe()}",
+                          file=sys.stderr)
+                    return True
         return False
 
     def _check_capacity(self, then: Any = None) -> None:
@@ -484,6 +487,7 @@ _SERVER_KWARGS = {"served_model_name", "engine_args", "env", "host", "port", "ap
                   "log_dir", "ready_timeout", "python", "reuse", "progress", "make_room", "model",
                   "wait_for_slot_s", "stall_s", "swappable"}
 _DEV_MODE = "VLLM_SERVER_DEV_MODE"
+_ADOPTING = threading.Lock()
 #: What must match for one checkpoint's weights to load into a server started with another.
 _SAME_SHAPE_KEYS = ("architectures", "model_type", "hidden_size", "intermediate_size", "num_hidden_layers",
                     "num_attention_heads", "num_key_value_heads", "vocab_size", "tie_word_embeddings")
