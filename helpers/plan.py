@@ -623,7 +623,8 @@ def _lab22(p: runtime.Profile, quick: bool) -> dict[str, Any]:
                  "overload": 1.6, "after_join_s": 8.0 if quick else 30.0, "max_duration_s": 400.0}
     request = prefix + suffix + out
     cache_tokens = int((prefixes / 2 + 1.5) * request)   # holds half the prefixes (cache-aware), not all (round-robin)
-    kv_bytes = cache_tokens * _kv_per_token(p, model)
+    kv_per_token = _kv_per_token(p, model)
+    kv_bytes = cache_tokens * kv_per_token
     max_len = min(p.max_model_len, 2 * request, cache_tokens)
     return {"max_model_len": max_len, "max_request_tokens": request,
             "min_gpu_memory_utilization": round(p.utilization / 2, 3) if _gpu(p) else None,
@@ -631,6 +632,10 @@ def _lab22(p: runtime.Profile, quick: bool) -> dict[str, Any]:
             "values": {"replicas": 2, "prefix_len": prefix, "suffix_len": suffix, "output_len": out,
                        "num_prefixes": prefixes, "per_prefix": per, "concurrency": 2,
                        "cache_tokens": cache_tokens, "kv_cache_memory_bytes": kv_bytes, "replica_max_model_len": max_len,
+                       "kv_bytes_per_token": kv_per_token,
+                       # each replica's engine arguments; lab 23 runs the same two replicas (make test starts them once)
+                       "replica": {"max_num_seqs": scale["max_num_seqs"], "max_model_len": max_len,
+                                   "kv_cache_memory_bytes": kv_bytes},
                        "queue_threshold": 4, "hold_s": 3.0, "scale": scale,
                        "slo": {"ttft_p99_ms": 1000.0, "tpot_p99_ms": 60.0} if _gpu(p) else
                        {"ttft_p99_ms": 2000.0, "tpot_p99_ms": 250.0}},
@@ -645,12 +650,13 @@ def _lab22(p: runtime.Profile, quick: bool) -> dict[str, Any]:
 
 @_register("23")
 def _lab23(p: runtime.Profile, quick: bool) -> dict[str, Any]:
-    model = _fleet_model(p)
+    fleet_ = _lab22(p, quick)   # lab 22's replicas, as they are: parked there, adopted here under make test
+    model, replica = fleet_["model"], fleet_["values"]["replica"]
     if _gpu(p):
-        load = {"max_num_seqs": 16, "input_len": 1024, "output_len": 128}
+        load = {"max_num_seqs": replica["max_num_seqs"], "input_len": 1024, "output_len": 128}
         slo = {"ttft_p99_ms": 1000.0, "tpot_p99_ms": 60.0}
     else:
-        load = {"max_num_seqs": 4, "input_len": 128, "output_len": 16}
+        load = {"max_num_seqs": replica["max_num_seqs"], "input_len": 128, "output_len": 16}
         # on one of vLLM's TTFT histogram boundaries (2.5 s): Prometheus counts a request as late against the largest
         # boundary at or below the target, so 2,000 ms became 1 s there and the burn alerts fired in the calm phase
         slo = {"ttft_p99_ms": 2500.0, "tpot_p99_ms": 250.0}
@@ -661,10 +667,12 @@ def _lab23(p: runtime.Profile, quick: bool) -> dict[str, Any]:
     # 1.3 x one replica: overloads it, and leaves the two-replica fix headroom even on a 2-core machine, where the
     # router, Prometheus and the client share the replicas' cores (measured: at 1.6 x, two replicas still queued 5)
     calm, overload, fixed_replicas = 0.5, 1.3, 2
-    return {"max_model_len": min(p.max_model_len, 4096), "max_request_tokens": load["input_len"] + load["output_len"],
+    request = load["input_len"] + load["output_len"]
+    return {"max_model_len": replica["max_model_len"], "max_request_tokens": request,
             "min_gpu_memory_utilization": round(p.utilization / 2, 3) if _gpu(p) else None,
             "min_run_s": phases["capacity_s"], "model": model,
-            "values": {**load, **phases, **slo, "calm": calm, "overload": overload, "fixed_replicas": fixed_replicas,
+            "values": {**load, **phases, **slo, "replica": replica, "calm": calm, "overload": overload,
+                       "fixed_replicas": fixed_replicas,
                        # a quarter of the batch waiting: crossed within seconds of the overload starting (measured on
                        # CPU: more than 2 waiting took 11 s at 1.6x), so the queue alert fires inside the overload
                        "queue_threshold": max(1, load["max_num_seqs"] // 4), "window": "30s",
@@ -673,7 +681,12 @@ def _lab23(p: runtime.Profile, quick: bool) -> dict[str, Any]:
                        # alerts do (without it, one late request in a 15 s window fired it)
                        "burn_windows": [["1m", "15s", 14.4, "page", "15s"], ["2m", "30s", 6.0, "ticket", "20s"]],
                        "alert_for": {"queue_for": "5s", "kv_for": "10s", "preemption_for": "10s", "tpot_for": "15s"}},
-            "checks": [_shared_gpu_fit(p, 2, load["input_len"] + load["output_len"], model),
+            "checks": [_fits_context(request, replica["max_model_len"], "a request on lab 22's replicas"),
+                       {"claim": f"a full batch ({load['max_num_seqs']} x {request:,} tokens) fits in lab 22's "
+                                 f"{fleet_['values']['cache_tokens']:,}-token cache per replica with a tenth to spare: "
+                                 "no preemption, no KV-cache alert",
+                        "ok": load["max_num_seqs"] * request <= 0.9 * fleet_["values"]["cache_tokens"]},
+                       _shared_gpu_fit(p, 2, fleet_["values"]["cache_tokens"], model),
                        _long_enough(p, phases["capacity_s"], load["input_len"], load["output_len"],
                                     batch=load["max_num_seqs"], what="the capacity run", model=model),
                        {"claim": f"the overload ({overload} x one replica) exceeds one replica and fits in "

@@ -1062,6 +1062,8 @@ def _doctor_hits(policy: str, hits: tuple[int, int]):
      Doctor("the new replica failed to start",
             lambda ns: setattr(ns["event"], "error", "vLLM exited with code 1 while starting"),
             "event is not None and event.error is None"),
+     Doctor("the scale-out replica was a parked one, adopted",
+            lambda ns: setattr(ns["scaler"].started[-1], "reused", True), "not scaler.started[-1].reused"),
      Doctor("the autoscaler fired before the queue held for HOLD_S",
             lambda ns: setattr(ns["event"], "decision_s", 11.0), "fleet.decide("),
      Doctor("the router registered the replica before it was healthy",
@@ -1092,6 +1094,7 @@ def lab_22(tmp: Path) -> dict[str, Any]:
                            first_served_s=49.3, url="http://127.0.0.1:40363")
     scaler = fleet.QueueAutoscaler(prom=None, router=None, launch=lambda: None, rule=rule, replicas=1, max_replicas=2)
     scaler.samples, scaler.events = samples, [event]
+    scaler.started = [SimpleNamespace(url=event.url, reused=False)]   # started cold by the launch
     checked = [ValidationResult(kind, name, True, (), "kubernetes-validate 1.37, strict")
                for kind, name in [("Deployment", "chat"), ("Service", "chat"), ("ScaledObject", "chat")]]
     knob_view = pd.DataFrame([{"cache blocks": 14, "policy": p, "predicted hit rate": round(predicted[p].hit_rate, 4)}

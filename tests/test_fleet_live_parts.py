@@ -100,7 +100,7 @@ class _Replica:
         value = 1.0 if self.served.is_set() else 0.0
         return Snapshot(t=time.time(), samples=[Sample("vllm:request_success_total", (), value)])
 
-    def terminate(self):
+    def stop(self):
         self.stopped = True
 
 

@@ -52,3 +52,15 @@ def test_run_length_check_uses_the_roofline():
     slow = plan.predicted_e2e_s(runtime.PROFILES["cpu"], 256, 64)
     assert 0 < fast < slow  # an H100 finishes the same request far sooner than a 2-core CPU
     assert plan.predicted_e2e_s(p, 256, 128) > fast
+
+
+@pytest.mark.parametrize("quick", [False, True], ids=["full", "quick"])
+@pytest.mark.parametrize("name", PROFILES)
+def test_lab_23_runs_lab_22s_replicas_unchanged(name, quick):
+    """Same engine arguments, so the two replicas lab 22 parks are the ones lab 23 adopts (one start for both under
+    make test), and lab 23's full batch fits their deliberately small cache."""
+    p22, p23 = plan.lab("22", name, quick=quick), plan.lab("23", name, quick=quick)
+    assert p23["replica"] == p22["replica"] and p23.model == p22.model
+    assert p22["replica"]["kv_cache_memory_bytes"] == p22["cache_tokens"] * p22["kv_bytes_per_token"]
+    assert p23["max_num_seqs"] == p22["replica"]["max_num_seqs"]
+    assert p23["max_num_seqs"] * (p23["input_len"] + p23["output_len"]) <= 0.9 * p22["cache_tokens"]

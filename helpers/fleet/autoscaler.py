@@ -203,7 +203,7 @@ class QueueAutoscaler:
             self._thread = None
         if stop_started:
             for r in self.started:
-                r.terminate() if hasattr(r, "terminate") else r.stop()
+                r.stop()  # a replica started with reuse on parks (helpers.fleet.stop_replicas)
 
     def frame(self):
         """The samples as a DataFrame: ``t_s``, ``waiting``, ``per_replica_threshold``."""

@@ -123,32 +123,39 @@ def replica_overrides(profile: Profile, n: int, machine: Machine | None = None) 
 
 
 def _replica_kwargs(profile: Profile, index: int, of: int, port: int | None, machine: Machine,
-                    env: dict[str, str] | None, progress: bool, engine_overrides: dict[str, Any]) -> dict[str, Any]:
+                    env: dict[str, str] | None, progress: bool, reuse: bool | None,
+                    engine_overrides: dict[str, Any]) -> dict[str, Any]:
     return dict(replica_overrides(profile, of, machine), **engine_overrides,
                 env={**(env or {}), **replica_env(profile, index, of, machine)},
-                port=port, reuse=False, make_room=True, progress=progress)
+                port=port, reuse=reuse, make_room=True, progress=progress)
 
 
 def start_replica(profile: Profile, index: int, of: int, *, port: int | None = None, machine: Machine | None = None,
-                  env: dict[str, str] | None = None, progress: bool = True, **engine_overrides: Any) -> Server:
+                  env: dict[str, str] | None = None, progress: bool = True, reuse: bool | None = False,
+                  **engine_overrides: Any) -> Server:
     """Start replica ``index`` of a fleet of ``of`` (its cores or card, ``--enable-scale-out``) and wait until ready.
 
     What an autoscaler calls to add a replica: ``start_replica(PROFILE, 1, 2, port=port_b, **same_overrides)``.
+    ``reuse`` as in :func:`start_replicas` (a replica it adopts keeps its own port, not ``port``).
 
     Introduced in lab 22 (Routing and Autoscaling).
     """
     machine = machine or detect()
-    return start_server(profile, **_replica_kwargs(profile, index, of, port, machine, env, progress, engine_overrides))
+    return start_server(profile, **_replica_kwargs(profile, index, of, port, machine, env, progress, reuse,
+                                                   engine_overrides))
 
 
 def start_replicas(profile: Profile, n: int = 2, *, ports: Sequence[int | None] | None = None,
                    machine: Machine | None = None, env: dict[str, str] | None = None,
-                   parallel: bool = True, **engine_overrides: Any) -> list[Server]:
+                   parallel: bool = True, reuse: bool | None = False, **engine_overrides: Any) -> list[Server]:
     """Start ``n`` replicas of ``profile`` (together when ``parallel``), each bound to its share of the device.
 
     ``ports`` fixes their ports (e.g. one picked in advance for a replica the autoscaler starts later); the rest
     is :func:`helpers.server.start`'s. If one fails, the others are stopped too and the error says which.
-    Replicas are never parked for reuse: a fleet's servers carry per-replica bindings no other lab shares.
+    By default replicas are not parked for reuse (a fleet's servers carry per-replica bindings, and lab 20's and 21's
+    hold connector state). ``reuse=None`` follows ``LABS_REUSE_SERVER`` as a single server does: a replica parks when
+    stopped and a later start with the same arguments and index adopts it (labs 22 and 23 share their two, so
+    ``make test`` starts them once).
 
     Introduced in lab 22 (Routing and Autoscaling).
     """
@@ -156,7 +163,7 @@ def start_replicas(profile: Profile, n: int = 2, *, ports: Sequence[int | None] 
     ports = list(ports) if ports is not None else [None] * n
     if len(ports) != n:
         raise ValueError(f"{len(ports)} ports for {n} replicas")
-    kwargs = [_replica_kwargs(profile, i, n, ports[i], machine, env, not parallel, engine_overrides)
+    kwargs = [_replica_kwargs(profile, i, n, ports[i], machine, env, not parallel, reuse, engine_overrides)
               for i in range(n)]
     if parallel and n > 1:
         with ThreadPoolExecutor(max_workers=n) as pool:
@@ -185,10 +192,11 @@ def start_replicas(profile: Profile, n: int = 2, *, ports: Sequence[int | None] 
 
 
 def stop_replicas(replicas: Sequence[Server]) -> None:
-    """Stop every replica and its process tree (none is parked).
+    """Stop every replica and its process tree; one started with reuse on is parked instead (see
+    :func:`start_replicas`).
 
     Introduced in lab 22 (Routing and Autoscaling).
     """
     for r in replicas:
-        r.terminate()
+        r.stop()
     procs.reap(verbose=False)
