@@ -138,6 +138,29 @@ def test_autoscaler_times_decision_registration_and_first_request():
     assert len(scaler.events) == 1                   # at max_replicas it stops scaling however long the queue
 
 
+def test_a_starved_autoscaler_acts_when_its_rule_fires():
+    """In lab 22 on a busy 2-core machine the loop sampled seconds apart; it must still scale out at the sample where
+    the rule (decide, on everything it sampled) fires, not once a hold_s window of fresh samples has refilled."""
+    class SlowProm(_Prom):
+        calls = 0
+
+        def value(self, expr):
+            self.calls += 1
+            if self.calls == 3:
+                time.sleep(1.0)                      # the query that took a second: a gap longer than hold_s
+            return 6.0
+
+    replica = _Replica()
+    replica.served.set()
+    scaler = fleet.QueueAutoscaler(SlowProm(), _Router(), lambda: replica, rule=fleet.QueueRule(4, 0.5),
+                                   interval_s=0.05, max_replicas=2)
+    with scaler:
+        event = scaler.wait_for_serving(5)
+    assert event is not None and event.error is None
+    assert fleet.decide([s for s in scaler.samples if s[0] <= event.decision_s], scaler.rule) == event.decision_s
+    assert event.decision_s < 1.5, event             # at the first sample after the gap (~1.1 s), not ~0.5 s later
+
+
 def test_autoscaler_records_a_failed_launch_and_keeps_running():
     prom, router = _Prom(), _Router()
     prom.waiting = 10
