@@ -424,6 +424,21 @@ def _set_pdeathsig() -> None:  # runs in the child between fork and exec
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
+def _preexec(pdeath: bool, cpus: frozenset[int] | None) -> Callable[[], None] | None:
+    """What the child runs between fork and exec: the parent-death signal, and its CPUs (inherited by every process
+    it starts)."""
+    if not pdeath and not cpus:
+        return None
+
+    def run() -> None:
+        if pdeath:
+            _set_pdeathsig()
+        if cpus:
+            with contextlib.suppress(OSError):
+                os.sched_setaffinity(0, cpus)
+    return run
+
+
 class Proc:
     """A process this Python process owns: spawned into its own session, logged to a file, registered.
 
@@ -432,7 +447,8 @@ class Proc:
     ``die_with_owner`` (default) asks the kernel to SIGTERM the process when the thread that started it
     ends, so not even a SIGKILL of this Python process leaves it behind; parked processes must not use it.
     ``on_release`` replaces :meth:`stop` at interpreter exit and in :func:`stop_owned` (a server parks itself
-    there when reuse is on).
+    there when reuse is on). ``cpus`` confines the process, and every process it starts, to those CPUs from its
+    first instruction.
 
     Introduced in lab 01 (One GPU, One Model).
     """
@@ -441,8 +457,10 @@ class Proc:
                  env: Mapping[str, str] | None = None, cwd: str | os.PathLike | None = None,
                  host: str | None = None, port: int | None = None, key: str = "",
                  secrets: Iterable[str | None] = (), die_with_owner: bool = True,
-                 meta: Mapping[str, Any] | None = None, on_release: Callable[["Proc"], None] | None = None):
+                 meta: Mapping[str, Any] | None = None, on_release: Callable[["Proc"], None] | None = None,
+                 cpus: Iterable[int] | None = None):
         self.cmd = [str(c) for c in cmd]
+        self.cpus = frozenset(cpus) if cpus else None
         self.kind, self.name = kind, name
         self.env = dict(env) if env is not None else None
         self.cwd = cwd
@@ -475,7 +493,7 @@ class Proc:
             self.popen = subprocess.Popen(
                 self.cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=self.env,
                 cwd=str(self.cwd) if self.cwd else None, start_new_session=True,
-                preexec_fn=_set_pdeathsig if pdeath else None)
+                preexec_fn=_preexec(pdeath, self.cpus))
         self.pid = self.popen.pid
         self.started_at = time.time()
         self.record = Record(

@@ -674,3 +674,24 @@ def test_the_cpu_profile_serves_from_two_processes_not_three(cpu_server):
     log = cpu_server.log_text()
     assert "(Worker pid=" not in log and any("(EngineCore" in line and "Loading weights took" in line
                                               for line in log.splitlines()), cpu_server.log_tail(40)
+
+
+def test_a_server_bound_to_some_cores_starts_on_them_with_its_children(tmp_path):
+    """A CPU replica's VLLM_CPU_OMP_THREADS_BIND names its cores: its process starts there and so do the processes it
+    starts (vLLM's engine core and worker), so binding the worker's threads later moves nothing."""
+    from helpers.server.core import bound_cpus
+
+    allowed = os.sched_getaffinity(0)
+    assert bound_cpus({"VLLM_CPU_OMP_THREADS_BIND": "auto"}) is None and bound_cpus({}) is None
+    assert bound_cpus({"VLLM_CPU_OMP_THREADS_BIND": "|".join(str(c) for c in sorted(allowed))}) is None  # every CPU
+    if len(allowed) < 2:
+        pytest.skip("needs two CPUs to confine a process to one")
+    last = max(allowed)
+    assert bound_cpus({"VLLM_CPU_OMP_THREADS_BIND": str(last)}) == {last}
+    child = "import os, subprocess, sys; print(sorted(os.sched_getaffinity(0)), subprocess.run([sys.executable, '-c', " \
+            "'import os; print(sorted(os.sched_getaffinity(0)))'], capture_output=True, text=True).stdout.strip())"
+    p = procs.Proc([sys.executable, "-c", child], kind="tool", name="affinity", log_path=tmp_path / "a.log",
+                   cpus={last}).start()
+    p.popen.wait(30)
+    assert f"[{last}] [{last}]" in (tmp_path / "a.log").read_text()
+    p.stop()

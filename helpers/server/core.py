@@ -337,7 +337,7 @@ class Server:
             cmd, kind=KIND, name=self.served_model_name, env=env, host=self.host, port=self.port, key=self.key,
             log_path=self.log_dir / f"vllm-{self.served_model_name}-{stamp}-{self.port}.log",
             secrets=[self.api_key], die_with_owner=not self.reuse, on_release=self._release,
-            meta={"model": self.model_path, "serves": self._serves()}).start()
+            meta={"model": self.model_path, "serves": self._serves()}, cpus=bound_cpus(self.env)).start()
 
     def _healthy(self, host: str | None = None, port: int | None = None) -> bool:
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
@@ -486,6 +486,28 @@ class Server:
 _SERVER_KWARGS = {"served_model_name", "engine_args", "env", "host", "port", "api_key", "behind_auth_proxy",
                   "log_dir", "ready_timeout", "python", "reuse", "progress", "make_room", "model",
                   "wait_for_slot_s", "stall_s", "swappable"}
+def bound_cpus(env: Mapping[str, str]) -> set[int] | None:
+    """The CPUs a server bound with ``VLLM_CPU_OMP_THREADS_BIND`` (e.g. ``"1"``, ``"0-3|4-7"``) runs on, when they
+    are fewer than this process may use; ``None`` otherwise (unbound, ``auto``, ``nobind``, or every CPU).
+
+    Such a server (a fleet replica on CPU) starts confined to them, so that vLLM's binding of its worker's threads
+    moves nothing. In four of lab 22's runs here, the replica its autoscaler started while its sibling was saturated
+    froze in the kernel's ``affine_move_task`` (no CPU used, no log line) until the stall guard restarted it a minute
+    later, and the backlog that minute built took minutes more to drain.
+
+    Introduced in lab 22 (Routing and Autoscaling).
+    """
+    spec = env.get("VLLM_CPU_OMP_THREADS_BIND", "")
+    if not spec or not all(c.isdigit() or c in ",-|" for c in spec):
+        return None
+    cpus: set[int] = set()
+    for part in spec.replace("|", ",").split(","):
+        if part:
+            lo, _, hi = part.partition("-")
+            cpus.update(range(int(lo), int(hi or lo) + 1))
+    return cpus if cpus and cpus < os.sched_getaffinity(0) else None
+
+
 _DEV_MODE = "VLLM_SERVER_DEV_MODE"
 _ADOPTING = threading.Lock()
 #: What must match for one checkpoint's weights to load into a server started with another.
