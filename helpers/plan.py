@@ -491,16 +491,22 @@ def _lab17(p: runtime.Profile, quick: bool) -> dict[str, Any]:
                        # Enough probes to double past the limit and bisect once (CPU: 2, 4, 8, 6 req/s); a GPU's
                        # limit may be 8x its start rate. The later configurations start at the baseline's rate.
                        "search_runs": (4 if quick else 6) + (1 if _gpu(p) else 0), "slo": slo,
-                       # 90% needs 35 judged requests per probe to show at all (bench.requests_to_show): the search
-                       # dispatches a quarter more (44), which take 44 s at 1 req/s: start at 2 on a CPU.
-                       "attainment": 0.9, "start_rate": 2.0 if not _gpu(p) else 8.0,
+                       # The baseline's search starts at half the capacity measured on its own server (requests
+                       # completed per second with 16 in flight, 64 on a GPU), not at a fixed rate: CPUs differ by
+                       # 5x (AVX2 float32 to AMX bf16) and a fixed start of 2 req/s left an AMX machine's four probes
+                       # (2, 4, 8, 16 req/s) all passing, unbracketed. From half the capacity, the second probe
+                       # is at the capacity and the third at twice it, past any SLO.
+                       "attainment": 0.9, "start_rate": None, "start_fraction": 0.5,
+                       "capacity_concurrency": 16 if not _gpu(p) else 64, "capacity_s": probe_s,
                        "quantized": {"name": quant[0], **quant[1]},
                        "speculative": {"name": next(iter(served)), **next(iter(served.values()))},
                        "device": p.hardware, "compare_devices": ["h200", "b200"],
                        "compare_model": "llama-3.1-8b", "compare_context": 2048},
             "checks": [_fits_context(256 + out, p.max_model_len, "a prompt and its answer"),
                        _gpu_fit(p, p.utilization, 256 + out, 64),
-                       _long_enough(p, probe_s, 256, out, batch=8, what="each probe of the search")]}
+                       _long_enough(p, probe_s, 256, out, batch=8, what="each probe of the search"),
+                       _long_enough(p, probe_s, 128 if quick else 256, out, batch=16 if not _gpu(p) else 64,
+                                    what="the baseline's capacity run")]}
 
 
 # ------------------------------------------------------------------------------------ phase 4
