@@ -486,14 +486,17 @@ class Server:
 _SERVER_KWARGS = {"served_model_name", "engine_args", "env", "host", "port", "api_key", "behind_auth_proxy",
                   "log_dir", "ready_timeout", "python", "reuse", "progress", "make_room", "model",
                   "wait_for_slot_s", "stall_s", "swappable"}
+
+
 def bound_cpus(env: Mapping[str, str]) -> set[int] | None:
     """The CPUs a server bound with ``VLLM_CPU_OMP_THREADS_BIND`` (e.g. ``"1"``, ``"0-3|4-7"``) runs on, when they
     are fewer than this process may use; ``None`` otherwise (unbound, ``auto``, ``nobind``, or every CPU).
 
     Such a server (a fleet replica on CPU) starts confined to them, so that vLLM's binding of its worker's threads
     moves nothing. In four of lab 22's runs here, the replica its autoscaler started while its sibling was saturated
-    froze in the kernel's ``affine_move_task`` (no CPU used, no log line) until the stall guard restarted it a minute
-    later, and the backlog that minute built took minutes more to drain.
+    froze (no CPU used, no log line; twice seen waiting in the kernel's ``affine_move_task``, a change of CPU
+    affinity) until the stall guard restarted it a minute later, and the backlog that minute built took minutes more
+    to drain. None froze in the runs since (ci/README.md, 2026-12-04).
 
     Introduced in lab 22 (Routing and Autoscaling).
     """
