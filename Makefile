@@ -99,9 +99,10 @@ test-unit: setup
 	$(PY) -m pytest tests -q -p no:cacheprovider -m vllm --durations=10; real=$$?; \
 	wait $$cpu; rc=$$?; echo "== CPU-only tests"; cat $$log; rm -f $$log; [ $$real = 0 ] && [ $$rc = 0 ]
 
-# Labs to leave out of make test (none now: labs 22 and 23 came in once they shared their replicas, see
-# ci/README.md); e.g. `make test LABS_OUTSIDE_MAKE_TEST="22 23"`. `make test-labs-all` runs every lab whatever it says.
-LABS_OUTSIDE_MAKE_TEST ?=
+# Labs left out of make test. Labs 22 and 23 fit its time now (5-6 minutes together on an AMX machine, sharing
+# their replicas) but lab 23's queue-peak check failed one run of four there (see ci/README.md): until it holds,
+# `make test-labs-all` runs every lab, as the GPU runner does; `make test LABS_OUTSIDE_MAKE_TEST=` runs them too.
+LABS_OUTSIDE_MAKE_TEST ?= 22 23
 
 test-labs: setup check-notebooks
 	session=make-test-$$$$; export LABS_SESSION=$$session LABS_QUICK=1 LABS_HEADLESS=1 LABS_REUSE_SERVER=1; \

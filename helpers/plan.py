@@ -641,7 +641,8 @@ def _lab22(p: runtime.Profile, quick: bool) -> dict[str, Any]:
                        "num_prefixes": prefixes, "per_prefix": per, "concurrency": 2,
                        "cache_tokens": cache_tokens, "kv_cache_memory_bytes": kv_bytes, "replica_max_model_len": max_len,
                        "kv_bytes_per_token": kv_per_token,
-                       # each replica's engine arguments; lab 23 runs the same two replicas (make test starts them once)
+                       # each replica's engine arguments; lab 23 runs the same two replicas (one start for both,
+                       # with reuse on)
                        "replica": {"max_num_seqs": scale["max_num_seqs"], "max_model_len": max_len,
                                    "kv_cache_memory_bytes": kv_bytes},
                        "queue_threshold": 4, "hold_s": 3.0, "scale": scale,
@@ -658,7 +659,7 @@ def _lab22(p: runtime.Profile, quick: bool) -> dict[str, Any]:
 
 @_register("23")
 def _lab23(p: runtime.Profile, quick: bool) -> dict[str, Any]:
-    fleet_ = _lab22(p, quick)   # lab 22's replicas, as they are: parked there, adopted here under make test
+    fleet_ = _lab22(p, quick)   # lab 22's replicas, as they are: parked there, adopted here with reuse on
     model, replica = fleet_["model"], fleet_["values"]["replica"]
     if _gpu(p):
         load = {"max_num_seqs": replica["max_num_seqs"], "input_len": 1024, "output_len": 128}

@@ -155,7 +155,7 @@ def start_replicas(profile: Profile, n: int = 2, *, ports: Sequence[int | None] 
     By default replicas are not parked for reuse (a fleet's servers carry per-replica bindings, and lab 20's and 21's
     hold connector state). ``reuse=None`` follows ``LABS_REUSE_SERVER`` as a single server does: a replica parks when
     stopped and a later start with the same arguments and index adopts it (labs 22 and 23 share their two, so
-    ``make test`` starts them once).
+    a run of both with reuse on starts them once).
 
     Introduced in lab 22 (Routing and Autoscaling).
     """
