@@ -490,8 +490,8 @@ def _lab17(p: runtime.Profile, quick: bool) -> dict[str, Any]:
     return {"max_model_len": p.max_model_len, "max_request_tokens": 256 + out,
             "min_gpu_memory_utilization": p.utilization if _gpu(p) else None, "min_run_s": probe_s,
             "values": {"input_len": 128 if quick else 256, "output_len": out, "probe_s": probe_s,
-                       # Enough probes to double past the limit and bisect once (CPU: 2, 4, 8, 6 req/s); a GPU's
-                       # limit may be 8x its start rate. The later configurations start at the baseline's rate.
+                       # Enough probes to double past the limit and bisect once (from half the capacity: 0.5x,
+                       # 1x, 2x, then between); the later configurations start at the baseline's rate.
                        "search_runs": (4 if quick else 6) + (1 if _gpu(p) else 0), "slo": slo,
                        # The baseline's search starts at half the capacity measured on its own server (requests
                        # completed per second with 16 in flight, 64 on a GPU), not at a fixed rate: CPUs differ by
@@ -639,8 +639,7 @@ def _lab22(p: runtime.Profile, quick: bool) -> dict[str, Any]:
             "min_run_s": scale["capacity_s"], "model": model,
             "values": {"replicas": 2, "prefix_len": prefix, "suffix_len": suffix, "output_len": out,
                        "num_prefixes": prefixes, "per_prefix": per, "concurrency": 2,
-                       "cache_tokens": cache_tokens, "kv_cache_memory_bytes": kv_bytes, "replica_max_model_len": max_len,
-                       "kv_bytes_per_token": kv_per_token,
+                       "cache_tokens": cache_tokens, "kv_bytes_per_token": kv_per_token,
                        # each replica's engine arguments; lab 23 runs the same two replicas (one start for both,
                        # with reuse on)
                        "replica": {"max_num_seqs": scale["max_num_seqs"], "max_model_len": max_len,

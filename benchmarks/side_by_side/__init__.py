@@ -46,7 +46,8 @@ to all of them (TTFT = first output-carrying chunk - send; TPOT = (E2E - TTFT) /
 server's `/metrics` is scraped, so vLLM's own TTFT and TPOT histograms cover exactly that tool's requests. Other
 processes on these cores make the server itself faster or slower from one run to the next, so the verdict (TTFT
 mean and TPOT mean within 5% of ours) compares what each client adds to the server's own mean for the same
-requests (client minus server: HTTP, JSON, the client's loop), as a fraction of the server's mean; the plain difference is reported beside it, with a bootstrap interval and its value in every round.
+requests (client minus server: HTTP, JSON, the client's loop), as a fraction of the server's mean; the plain
+difference is reported beside it, with a bootstrap interval and its value in every round.
 `--extra-rounds N` adds up to N rounds when the verdict misses 5%. Two more checks show where the definitions
 part: a chat probe times vLLM's role-only first chunk, and every tool runs against helpers.bench's calibration
 server (known TTFT and TPOT, 4 tokens per chunk, a role chunk sent at once).
