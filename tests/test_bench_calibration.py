@@ -292,3 +292,26 @@ def test_stop_when_ends_the_sending_and_keeps_every_record_sent():
     assert 15 <= n <= 60, n                       # ~1.5-2 s of a 10 s schedule was sent, not all 200
     assert n == served and res.summary.failed == 0  # what was sent was answered and recorded
     assert res.config["stopped_early"] == "stop_when() returned true"
+
+
+def test_a_runs_send_times_are_known_before_it_starts(cal):
+    """Lab 23's queue model counts the requests a seeded run will send before it runs: the harness must send
+    exactly ``arrivals.send_times(duration_s)``."""
+    steps = bench.Steps(((1.0, 8.0), (1.0, 16.0)), seed=5)
+    res = bench.run(workload(64, out=2, tag="s"), steps, base_url=cal.base_url, duration_s=steps.duration_s,
+                    progress=False, out=False)
+    sent = [r.scheduled_offset_s for r in sorted(res.records, key=lambda r: int(r.id))]
+    assert len(sent) == steps.count_for(steps.duration_s) == 24
+    assert sent == pytest.approx(steps.send_times(steps.duration_s))
+
+
+def test_capacity_is_what_the_server_completes_per_second_in_lockstep(cal):
+    """Four in flight of identical requests (TTFT 60 ms + 15 x TPOT 8 ms = 180 ms each, in lockstep waves): the
+    calibration server completes 4 / 0.18 = 22.2 per second, less what the client adds."""
+    cal.reset()
+    cap = bench.capacity(workload(400, out=N_OUT, tag="c"), cal.base_url, concurrency=4, duration_s=3.0,
+                         progress=False, out=False)
+    truth = 4 / (TTFT_S + (N_OUT - 1) * TPOT_S)
+    assert cap.tokens_per_request == N_OUT and cap.concurrency == 4
+    assert cap.requests_per_s == pytest.approx(truth, rel=0.03)   # measured 22.24-22.29 (completions counted: 23.4)
+    assert float(cap) == cap.requests_per_s and cap.output_tokens_per_s == pytest.approx(cap.requests_per_s * N_OUT)

@@ -98,6 +98,25 @@ def test_fluid_queue_matches_the_closed_form_of_an_overload_step():
         postmortem.fluid_queue(steps, capacity_rps=0)
 
 
+def test_seeded_fluid_queue_counts_the_requests_the_run_will_send():
+    # 30 s at 6.5 req/s over a capacity of 5: the mean rates say a backlog of 45; this seed's draw sends fewer or more
+    steps = bench.Steps(phases=((15, 2.5), (30, 6.5), (15, 2.5)), seed=0)
+    sends = steps.send_times(steps.duration_s)
+    seeded = postmortem.fluid_queue(steps, capacity_rps=5.0, seeded=True)
+    assert seeded["arrived"].sum() == len([t for t in sends if t <= steps.duration_s + 0.5])
+    in_overload = sum(15 <= t < 45 for t in sends)
+    assert in_overload != 6.5 * 30                                    # the draw differs from the mean...
+    # ...and the backlog follows the draw: what the overload sent beyond what one replica serves in it, within the
+    # calm phase's leftover and one step's rounding
+    assert seeded["backlog"].max() == pytest.approx(in_overload - 5.0 * 30, abs=3.0)
+    assert postmortem.fluid_queue(steps, capacity_rps=5.0)["backlog"].max() == pytest.approx(45.0)
+    burst = bench.Steps(phases=((1.0, 0.0), (1.0, 1000.0)), seed=1)  # everything arrives in the second second
+    q = postmortem.fluid_queue(burst, capacity_rps=1.0, seeded=True)
+    assert q.loc[q["t_s"] < 1.0, "arrived"].sum() == 0 and q["backlog"].max() > 900
+    with pytest.raises(ValueError, match="open-loop"):
+        postmortem.fluid_queue(bench.Concurrent(4), capacity_rps=1.0, seeded=True)
+
+
 def _record(sent, ttft_ms, ok=True):
     return SimpleNamespace(ok=ok, ttft_ms=ttft_ms, timings=SimpleNamespace(t_scheduled=100.0 + sent))
 

@@ -37,7 +37,7 @@ from .lengths import Histogram, LengthDist, Normal, Uniform, VariableLength, par
 from .records import Request, RequestResult, Timings, chunk_gaps, itl_values
 from .report import BenchmarkReport, ConfigResult
 from .runner import Target, choose_workers, reconcile, run, target_of
-from .search import MaxRateResult, Probe, Remeasure, SweepResult, find_max_rate, sweep
+from .search import Capacity, MaxRateResult, Probe, Remeasure, SweepResult, capacity, find_max_rate, sweep
 from .stats import (SLO, Comparison, Distribution, Goodput, Latencies, Summary, Window, bootstrap_quantile,
                     metric_values, pooled_itl_median, quantile_with_ci, steady_state_window, summarize,
                     requests_to_show, tracking, wilson_interval)
@@ -62,7 +62,7 @@ __all__ = [
     # static batching, for comparison; reading a measured curve
     "static_batches", "with_output_lengths", "decode_steps_ms", "interpolate",
     # searches
-    "sweep", "SweepResult", "find_max_rate", "MaxRateResult", "Probe", "Remeasure",
+    "sweep", "SweepResult", "capacity", "Capacity", "find_max_rate", "MaxRateResult", "Probe", "Remeasure",
     # statistics
     "SLO", "Summary", "Distribution", "Latencies", "Window", "Goodput", "Comparison", "summarize",
     "steady_state_window", "tracking", "goodput", "compare", "metric_values", "bootstrap_quantile", "pooled_itl_median",

@@ -42,6 +42,16 @@ class Arrivals:
         ``None`` for closed loop, whose count the server's speed sets."""
         return None
 
+    def send_times(self, duration_s: float) -> list[float] | None:
+        """The send times (seconds after the start) of a run sized ``duration_s`` (``bench.run(...,
+        duration_s=...)``): ``offsets(count_for(duration_s))``, known before the run since the process is seeded;
+        ``None`` for closed loop.
+
+        Introduced in lab 23 (Observability and the Postmortem).
+        """
+        n = self.count_for(duration_s)
+        return None if n is None else self.offsets(n)
+
     @property
     def peak_rate(self) -> float | None:
         """The highest arrival rate (requests/s) of an open-loop process; ``None`` for closed loop."""

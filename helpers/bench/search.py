@@ -23,7 +23,7 @@ from .stats import (METRICS, SLO, metric_values, quantile_with_ci, requests_to_s
 from .store import RunResult
 from .workloads import WorkloadSpec
 
-__all__ = ["sweep", "SweepResult", "find_max_rate", "MaxRateResult", "Probe", "Remeasure"]
+__all__ = ["sweep", "SweepResult", "capacity", "Capacity", "find_max_rate", "MaxRateResult", "Probe", "Remeasure"]
 
 
 def _parent(out: str | Path | None | bool, kind: str) -> Path | None:
@@ -112,6 +112,50 @@ def sweep(
                 out=False if parent is None else parent / name, label=name, **run_kwargs)
         runs.append(r)
     return SweepResult(runs=runs, parameter="rate" if rates is not None else "concurrency", values=values)
+
+
+# ------------------------------------------------------------------------------ capacity
+@dataclass
+class Capacity:
+    """What a server completes per second with ``concurrency`` requests of one shape always in flight.
+
+    ``requests_per_s`` is the steady-state output token rate divided by the tokens a completed request streamed:
+    counted by token, not by completion, because a closed loop of same-length requests runs in lockstep waves (they
+    start together, finish together, and their replacements start together), so the completions inside a window of
+    a few waves jump by a whole wave with where the window falls: measured 6.26-7.03 req/s in four 10 s runs of one
+    server where the token count read 6.26-6.64 and a 40 s run 6.39.
+
+    Introduced in lab 22 (Routing and Autoscaling).
+    """
+
+    requests_per_s: float
+    output_tokens_per_s: float
+    tokens_per_request: float
+    concurrency: int
+    run: RunResult = field(repr=False)
+
+    def __float__(self) -> float:
+        return self.requests_per_s
+
+
+def capacity(workload: WorkloadSpec, base_url: Any, *, concurrency: int, duration_s: float, seed: int = 0,
+             **run_kwargs: Any) -> Capacity:
+    """Measure a server's capacity for ``workload``'s shape: ``concurrency`` requests in flight (its
+    ``max_num_seqs``, to fill its batch) for ``duration_s``; see :class:`Capacity` for how it is counted. Other
+    keywords go to :func:`run`.
+
+    Introduced in lab 22 (Routing and Autoscaling).
+    """
+    r = run(workload, Concurrent(int(concurrency)), base_url=base_url, duration_s=duration_s, seed=seed, **run_kwargs)
+    done = [x for x in r.records if x.ok and not x.warmup and x.streamed_tokens]
+    tokens_per_s = r.summary.output_throughput
+    if not done or not tokens_per_s:
+        raise RuntimeError(f"the capacity run completed no request in {duration_s:g} s at {concurrency} in flight "
+                           f"({r.summary.failed} failed{': ' + str(r.summary.errors) if r.summary.errors else ''}): "
+                           "is the server up, and the run long enough for one request?")
+    per_request = sum(x.streamed_tokens for x in done) / len(done)
+    return Capacity(requests_per_s=tokens_per_s / per_request, output_tokens_per_s=tokens_per_s,
+                    tokens_per_request=per_request, concurrency=int(concurrency), run=r)
 
 
 # ------------------------------------------------------------------------------ max rate at an SLO

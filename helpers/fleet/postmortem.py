@@ -25,25 +25,42 @@ __all__ = ["fluid_queue", "alert_timeline", "slo_windows", "first_breach", "Time
 
 
 def fluid_queue(arrivals: Any, capacity_rps: float, replicas: int = 1, step_s: float = 0.5,
-                horizon_s: float | None = None) -> "Any":
+                horizon_s: float | None = None, seeded: bool = False) -> "Any":
     """The fluid model's backlog (requests waiting) and wait (s) over time for ``arrivals`` (anything with
     ``rate_at(t)`` and ``duration_s``, e.g. :class:`helpers.bench.Steps`) served at ``replicas × capacity_rps``.
 
-    Returns a DataFrame: ``t_s``, ``rate``, ``backlog``, ``wait_s``.
+    The backlog grows by what arrives in each ``step_s`` less what the replicas serve in it, and never goes below
+    zero. What arrives is the mean rate × ``step_s``, or, with ``seeded``, the requests the seeded process will
+    actually send then (``arrivals.send_times(arrivals.duration_s)``, the schedule ``bench.run(...,
+    duration_s=arrivals.duration_s)`` uses): a Poisson phase of N requests varies by about √N, which against an
+    overload just above capacity is a large part of the backlog.
+
+    Returns a DataFrame: ``t_s``, ``rate`` (the mean rate), ``arrived`` (requests counted in the step), ``backlog``,
+    ``wait_s``.
 
     Introduced in lab 23 (Observability and the Postmortem).
     """
+    import bisect
+
     import pandas as pd
 
     if not capacity_rps > 0 or replicas < 1:
         raise ValueError("capacity_rps must be > 0 and replicas >= 1")
+    sends = None
+    if seeded:
+        sends = sorted(arrivals.send_times(arrivals.duration_s) or []) if getattr(arrivals, "open_loop", False) \
+            else []
+        if not sends:
+            raise ValueError(f"seeded=True needs an open-loop process that sends requests, got {arrivals!r}")
     mu = capacity_rps * replicas
     end = horizon_s if horizon_s is not None else arrivals.duration_s
     rows, backlog, t = [], 0.0, 0.0
     while t <= end + 1e-9:
         lam = arrivals.rate_at(t) if t < arrivals.duration_s else 0.0
-        rows.append({"t_s": t, "rate": lam, "backlog": backlog, "wait_s": backlog / mu})
-        backlog = max(0.0, backlog + (lam - mu) * step_s)
+        arrived = lam * step_s if sends is None else \
+            float(bisect.bisect_left(sends, t + step_s) - bisect.bisect_left(sends, t))
+        rows.append({"t_s": t, "rate": lam, "arrived": arrived, "backlog": backlog, "wait_s": backlog / mu})
+        backlog = max(0.0, backlog + arrived - mu * step_s)
         t += step_s
     return pd.DataFrame(rows)
 
