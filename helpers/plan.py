@@ -672,9 +672,11 @@ def _lab23(p: runtime.Profile, quick: bool) -> dict[str, Any]:
               "overload_s": 30.0 if quick else 60.0, "recovery_s": 15.0 if quick else 40.0}
     if _gpu(p):
         phases = {k: 2 * v for k, v in phases.items()}
-    # 1.3 x one replica: overloads it, and leaves the two-replica fix headroom even on a 2-core machine, where the
-    # router, Prometheus and the client share the replicas' cores (measured: at 1.6 x, two replicas still queued 5)
-    calm, overload, fixed_replicas = 0.5, 1.3, 2
+    # 1.5 x one replica: an overload whose Poisson draw cannot hide it (at 1.3 x, seed 0's overload phase sent 10-11%
+    # fewer requests than the mean in three runs, an effective 1.16 x, and in one p99 TTFT met the SLO), with headroom
+    # left for the two-replica fix even on a 2-core machine, where the router, Prometheus and the client share the
+    # replicas' cores (measured: at 1.6 x, two replicas still queued 5)
+    calm, overload, fixed_replicas = 0.5, 1.5, 2
     request = load["input_len"] + load["output_len"]
     return {"max_model_len": replica["max_model_len"], "max_request_tokens": request,
             "min_gpu_memory_utilization": round(p.utilization / 2, 3) if _gpu(p) else None,

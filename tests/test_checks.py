@@ -1354,7 +1354,7 @@ def lab_23(tmp: Path) -> dict[str, Any]:
 
     capacity, calm_s, over_s = 1.06, 15.0, 25.0
     load = bench.Steps(((calm_s, 0.5 * capacity), (over_s, 1.6 * capacity), (15.0, 0.5 * capacity)))
-    predicted_peak = float(postmortem.fluid_queue(load, capacity)["backlog"].max())
+    predicted_peak = float(postmortem.fluid_queue(load, capacity, seeded=True)["backlog"].max())
     overload_start, overload_end = load.boundaries()[1], load.boundaries()[2]
     slo = observability.SLO(ttft_p99_ms=2500.0, tpot_p99_ms=250.0, queue_threshold=1)
     burn = [observability.BurnWindow("1m", "15s", 14.4, "page", "15s"),
@@ -1372,7 +1372,7 @@ def lab_23(tmp: Path) -> dict[str, Any]:
     users = pd.DataFrame({"window_s": [0.0, 5.0, 10.0, 15.0, 20.0], "requests": [3, 2, 3, 8, 9],
                           "ttft_p99_ms": [600.0, 650.0, 610.0, 1900.0, 5200.0], "attainment": [1.0, 1.0, 1.0, 1.0, 0.4]})
     knob_view = pd.DataFrame([{"overload": 1.6, "seconds": over_s, "replicas": r, "peak backlog": round(float(
-        postmortem.fluid_queue(load, capacity, r)["backlog"].max()), 2)} for r in (1, 2)])
+        postmortem.fluid_queue(load, capacity, r, seeded=True)["backlog"].max()), 2)} for r in (1, 2)])
     written = {"json": tmp / "results.json"}
     written["json"].write_text(json.dumps({"routing": {}, "autoscaling": {}, "observability": {}, "files": []}))
     return dict(promtool=[SimpleNamespace(ok=True), SimpleNamespace(ok=True)], before=_run(completed=40),
