@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 # Re-run setup whenever what it installs changes.
 STAMP := $(VENV)/.setup-complete
-SETUP_INPUTS := requirements.txt requirements-cpu.txt requirements-gpu.txt requirements-quant.txt pyproject.toml \
+SETUP_INPUTS := requirements.txt requirements-cpu.txt requirements-gpu.txt pyproject.toml \
                 scripts/check_env.py scripts/install_tools.sh
 # nvidia-smi listing a GPU decides the vLLM flavour; LABS_FLAVOUR=cpu|gpu overrides it.
 LABS_FLAVOUR ?= $(shell nvidia-smi -L >/dev/null 2>&1 && echo gpu || echo cpu)
@@ -56,11 +56,14 @@ endif
 
 quant-env: $(QSTAMP)
 
-$(QSTAMP): requirements-quant.txt
-	@echo "== setup: llm-compressor into $(QVENV)"
+# torch as the flavour wants it: the +cpu build from PyTorch's CPU index, or PyPI's CUDA build (where the CPU index
+# must stay out: `torch==2.13.0` would match its 2.13.0+cpu too).
+$(QSTAMP): requirements-quant.txt requirements-quant-$(LABS_FLAVOUR).txt
+	@echo "== setup: llm-compressor into $(QVENV) (torch for '$(LABS_FLAVOUR)')"
 	test -x $(QPY) || $(PYTHON) -m venv $(QVENV)
 	$(QPY) -m pip install -q --upgrade pip
-	$(QPY) -m pip install -q $(TORCH_CPU_INDEX_ARGS) -r requirements-quant.txt
+	$(QPY) -m pip install -q $(if $(filter cpu,$(LABS_FLAVOUR)),$(TORCH_CPU_INDEX_ARGS)) \
+	  -r requirements-quant-$(LABS_FLAVOUR).txt
 	$(QPY) -c "import llmcompressor, lm_eval, torch; print('llm-compressor', llmcompressor.__version__, 'torch', torch.__version__)"
 	touch $(QSTAMP)
 

