@@ -125,7 +125,7 @@ class Capacity:
     a few waves jump by a whole wave with where the window falls: measured 6.26-7.03 req/s in four 10 s runs of one
     server where the token count read 6.26-6.64 and a 40 s run 6.39.
 
-    Introduced in lab 22 (Routing and Autoscaling).
+    Introduced in lab 17 (Cost per Million Tokens).
     """
 
     requests_per_s: float
@@ -144,7 +144,7 @@ def capacity(workload: WorkloadSpec, base_url: Any, *, concurrency: int, duratio
     ``max_num_seqs``, to fill its batch) for ``duration_s``; see :class:`Capacity` for how it is counted. Other
     keywords go to :func:`run`.
 
-    Introduced in lab 22 (Routing and Autoscaling).
+    Introduced in lab 17 (Cost per Million Tokens).
     """
     r = run(workload, Concurrent(int(concurrency)), base_url=base_url, duration_s=duration_s, seed=seed, **run_kwargs)
     done = [x for x in r.records if x.ok and not x.warmup and x.streamed_tokens]
