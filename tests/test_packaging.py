@@ -80,7 +80,8 @@ def test_setup_adds_the_torch_index_only_where_it_can_be_reached():
 def test_every_pip_install_in_setup_takes_the_probed_index():
     makefile = (ROOT / "Makefile").read_text()
     assert "--extra-index-url" not in makefile.replace("TORCH_CPU_INDEX_ARGS", "")
-    assert makefile.count("$(TORCH_CPU_INDEX_ARGS) -r requirements-") == 2
+    assert makefile.count("$(TORCH_CPU_INDEX_ARGS) -r requirements-") == 1                     # .venv, cpu flavour
+    assert "$(if $(filter cpu,$(LABS_FLAVOUR)),$(TORCH_CPU_INDEX_ARGS))" in makefile          # .venv-quant, cpu only
 
 
 # pandas methods the labs call whose optional dependency pandas does not install for them.

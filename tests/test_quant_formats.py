@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from helpers import quant
+from helpers import quant, runtime
 from helpers.quant import cache, formats
 from helpers.runtime import GPU, Machine
 
@@ -267,6 +267,25 @@ def test_a_checkpoint_folder_is_checked_by_its_config(tmp_path, weights, fmt, re
             quant.check_servable(tmp_path, CPU)
     else:
         quant.check_servable(tmp_path, CPU)
+
+
+@pytest.mark.parametrize("weights,dtype,served", [
+    ({"type": "int", "num_bits": 8, "strategy": "channel"}, "float32", "bfloat16"),    # the INT8 kernel: half only
+    ({"type": "int", "num_bits": 4, "group_size": 64, "strategy": "group"}, "float32", "bfloat16"),  # INT4: the same
+    ({"type": "int", "num_bits": 8, "strategy": "channel"}, "bfloat16", "bfloat16"),
+    ({"type": "int", "num_bits": 4, "group_size": 64, "strategy": "group"}, "float16", "float16"),  # a T4
+    (None, "float32", "float32"),                                                      # plain weights: as profiled
+])
+def test_a_float32_profile_serves_int8_and_int4_checkpoints_in_bf16(tmp_path, weights, dtype, served):
+    cfg = {"model_type": "llama"}
+    if weights:
+        cfg["quantization_config"] = {"quant_method": "compressed-tensors",
+                                      "config_groups": {"group_0": {"targets": ["Linear"], "weights": weights}}}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    prof = runtime.profile("cpu").replace(dtype=dtype)
+    out = quant.serving_profile(prof, tmp_path)
+    assert out.model == str(tmp_path) and out.dtype == served
+    assert prof.dtype == dtype                                                        # the lab's own profile unchanged
 
 
 def test_missing_quant_environment_says_make_setup(tmp_path, monkeypatch):

@@ -39,7 +39,7 @@ _QUANT = re.compile(r"\bquantization=([\w-]+)")     # the engine config line
 
 def _start(prof: runtime.Profile, path: str, **kw) -> server.Server:
     # other labs' servers on this machine: wait up to 10 minutes for a slot
-    return server.start(prof.replace(model=path), max_model_len=1024, reuse=False, progress=False,
+    return server.start(quant.serving_profile(prof, path), max_model_len=1024, reuse=False, progress=False,
                         wait_for_slot_s=600, **kw)
 
 

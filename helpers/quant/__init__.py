@@ -26,7 +26,7 @@ from .cache import Checkpoint
 from .env import QuantEnvMissing, llmcompressor_version, quant_python, quant_torch_version
 from .dequant import dequantize_module, dequantized_checkpoint, servable
 from .fake import FAKE_DEFAULTS, fake_quantized_checkpoint
-from .serving import serve
+from .serving import serve, serving_profile
 from .formats import (FORMATS, ErrorStats, FloatSpec, Quantized, error_stats, fake_quantize, float_spec, grid,
                       nvfp4_global_scale, quantize, round_to_grid)
 from .recipes import (FP8_DYNAMIC, MXFP4, MXFP4A16, NVFP4, NVFP4A16, RECIPES, W4A16_AWQ, W4A16_GPTQ,
@@ -43,5 +43,5 @@ __all__ = [
     "quant_python", "llmcompressor_version", "quant_torch_version", "QuantEnvMissing",
     "Checkpoint", "build", "QuantBuildError", "default_calibration", "model_dir", "DEFAULT_SAMPLES",
     "DEFAULT_SEQ_LEN", "fake_quantized_checkpoint", "FAKE_DEFAULTS", "dequantize_module", "dequantized_checkpoint",
-    "servable", "serve",
+    "servable", "serve", "serving_profile",
 ]

