@@ -54,7 +54,7 @@ def quant_env() -> int:
         return 0
     print(f"Building {QUANT_ENV} (llm-compressor and lm-eval, beside vLLM's packages): a few minutes, once per runtime.",
           flush=True)
-    pip("virtualenv")  # Colab's Python has no ensurepip, so `python -m venv` cannot put pip into an environment
+    pip("virtualenv")  # brings its own pip; `python -m venv` needs ensurepip, which Debian-packaged Pythons can lack
     subprocess.run([sys.executable, "-m", "virtualenv", "-q", "--system-site-packages", str(QUANT_ENV)], check=True)
     py = str(QUANT_ENV / "bin" / "python")
     cmd = [py, "-m", "pip", "install", "-q", "-r", str(ROOT / "requirements-quant.txt")]

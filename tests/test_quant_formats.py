@@ -247,6 +247,15 @@ def test_cpu_refusals_name_the_alternative():
         quant.check_servable(quant.MXFP4, CPU_AVX2)
 
 
+def _checkpoint_config(folder, weights) -> None:
+    """A checkpoint folder's config.json as compressed-tensors writes it (``weights`` None: unquantized)."""
+    cfg = {"model_type": "llama"}
+    if weights:
+        cfg["quantization_config"] = {"quant_method": "compressed-tensors",
+                                      "config_groups": {"group_0": {"targets": ["Linear"], "weights": weights}}}
+    (folder / "config.json").write_text(json.dumps(cfg))
+
+
 @pytest.mark.parametrize("weights,fmt,refused", [
     ({"type": "float", "num_bits": 8, "strategy": "channel"}, "fp8", True),
     ({"type": "float", "num_bits": 4, "group_size": 16, "strategy": "tensor_group"}, "nvfp4", True),
@@ -256,11 +265,7 @@ def test_cpu_refusals_name_the_alternative():
     (None, None, False),
 ])
 def test_a_checkpoint_folder_is_checked_by_its_config(tmp_path, weights, fmt, refused):
-    cfg = {"model_type": "llama"}
-    if weights:
-        cfg["quantization_config"] = {"quant_method": "compressed-tensors",
-                                      "config_groups": {"group_0": {"targets": ["Linear"], "weights": weights}}}
-    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    _checkpoint_config(tmp_path, weights)
     assert quant.checkpoint_format(tmp_path) == fmt
     if refused:
         with pytest.raises(quant.UnservableError, match="instead"):
@@ -277,11 +282,7 @@ def test_a_checkpoint_folder_is_checked_by_its_config(tmp_path, weights, fmt, re
     (None, "float32", "float32"),                                                      # plain weights: as profiled
 ])
 def test_a_float32_profile_serves_int8_and_int4_checkpoints_in_bf16(tmp_path, weights, dtype, served):
-    cfg = {"model_type": "llama"}
-    if weights:
-        cfg["quantization_config"] = {"quant_method": "compressed-tensors",
-                                      "config_groups": {"group_0": {"targets": ["Linear"], "weights": weights}}}
-    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    _checkpoint_config(tmp_path, weights)
     prof = runtime.profile("cpu").replace(dtype=dtype)
     out = quant.serving_profile(prof, tmp_path)
     assert out.model == str(tmp_path) and out.dtype == served
