@@ -314,4 +314,4 @@ def test_capacity_is_what_the_server_completes_per_second_in_lockstep(cal):
     truth = 4 / (TTFT_S + (N_OUT - 1) * TPOT_S)
     assert cap.tokens_per_request == N_OUT and cap.concurrency == 4
     assert cap.requests_per_s == pytest.approx(truth, rel=0.03)   # measured 22.24-22.29 (completions counted: 23.4)
-    assert float(cap) == cap.requests_per_s and cap.output_tokens_per_s == pytest.approx(cap.requests_per_s * N_OUT)
+    assert cap.output_tokens_per_s == pytest.approx(cap.requests_per_s * N_OUT)

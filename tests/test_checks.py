@@ -1347,7 +1347,7 @@ def _doctor_empty_panel(ns):
             'set(json.loads(written["json"].read_text()))'),
      )
 def lab_23(tmp: Path) -> dict[str, Any]:
-    # Lab 23 on the cpu profile (quick plan: calm 15 s at 0.5 x capacity, overload 25 s at 1.6 x, recovery 15 s; SLO
+    # Lab 23 on the cpu profile (an earlier quick plan: calm 15 s at 0.5 x capacity, overload 25 s at 1.6 x, recovery 15 s; SLO
     # 2,500 ms p99 TTFT; queue alert above 1 waiting for 5 s; burn windows 1m/15s and 2m/30s). Capacity and queue of the
     # shape measured here: 1.06 req/s, a recorded peak of 9 waiting against the fluid model's.
     from helpers.fleet import observability, postmortem

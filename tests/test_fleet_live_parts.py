@@ -1,6 +1,6 @@
 """The fleet's live pieces without a fleet: the scale-out rule, the autoscaler loop on stand-ins, device shares.
 
-The real replicas, vllm-router and Prometheus run in labs 22 and 23 (``make test-labs-all`` executes both).
+The real replicas, vllm-router and Prometheus run in labs 22 and 23 (``make test`` executes both).
 """
 
 import math

@@ -134,9 +134,6 @@ class Capacity:
     concurrency: int
     run: RunResult = field(repr=False)
 
-    def __float__(self) -> float:
-        return self.requests_per_s
-
 
 def capacity(workload: WorkloadSpec, base_url: Any, *, concurrency: int, duration_s: float, seed: int = 0,
              **run_kwargs: Any) -> Capacity:

@@ -48,10 +48,10 @@ def fluid_queue(arrivals: Any, capacity_rps: float, replicas: int = 1, step_s: f
         raise ValueError("capacity_rps must be > 0 and replicas >= 1")
     sends = None
     if seeded:
-        sends = sorted(arrivals.send_times(arrivals.duration_s) or []) if getattr(arrivals, "open_loop", False) \
-            else []
+        sends = arrivals.send_times(arrivals.duration_s) if getattr(arrivals, "open_loop", False) else None
         if not sends:
             raise ValueError(f"seeded=True needs an open-loop process that sends requests, got {arrivals!r}")
+        sends = sorted(sends)
     mu = capacity_rps * replicas
     end = horizon_s if horizon_s is not None else arrivals.duration_s
     rows, backlog, t = [], 0.0, 0.0
