@@ -1,11 +1,14 @@
 """The package installs anywhere the README says: the wheel carries data/, and every package is listed."""
 
+import importlib.util
 import os
 import shutil
 import subprocess
 import sys
 import tomllib
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -92,7 +95,6 @@ def test_every_module_the_labs_need_is_installed_in_this_environment():
     """What the notebooks import, and the optional packages behind the pandas methods they call, import here.
     CI of 2026-12-04 failed lab 24 on ``DataFrame.to_markdown`` once lm-eval (which had brought tabulate) moved to
     the quantization environment: nothing else imported tabulate, so only the 46th minute of the labs noticed."""
-    import importlib.util
     import json
     import re
 
@@ -110,8 +112,6 @@ def test_every_module_the_labs_need_is_installed_in_this_environment():
 
 
 def _colab_setup():
-    import importlib.util
-
     spec = importlib.util.spec_from_file_location("colab_setup", ROOT / "scripts" / "colab_setup.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
@@ -185,8 +185,6 @@ def test_on_colab_the_first_quantization_call_builds_its_environment(tmp_path, m
     monkeypatch.delitem(sys.modules, "google.colab")
     (tmp_path / ".venv-quant" / ".setup-complete").unlink()
     (tmp_path / ".venv-quant" / "bin" / "python").unlink()
-    import pytest
-
     with pytest.raises(env.QuantEnvMissing, match="make setup"):  # elsewhere: say so, build nothing
         env.quant_python()
     assert len(calls) == 1
