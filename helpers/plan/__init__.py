@@ -1,0 +1,92 @@
+"""Each lab's device-dependent sizes, from one place per lab, checked for every profile without a GPU.
+
+A lab takes what the device decides (block size, KV blocks, max_model_len) from its live server, and everything
+else that must differ between a 2-core CPU and an H200 — prompt lengths, batch sizes, loads, memory settings, how
+long a measured run lasts — from its plan::
+
+    PLAN = plan.lab("02", PROFILE, quick=QUICK)
+    PROMPT_LENGTHS = PROMPT_LENGTHS or PLAN["prompt_lengths"]
+
+Every plan carries the arithmetic that says it fits: the longest prompt + output within ``max_model_len``; on a
+GPU, the weights plus one request of that length within the card at the lowest ``gpu_memory_utilization`` the
+lab starts a server with; every measured run long enough for several requests to finish at the speed the
+roofline (``helpers.sizing``, at a conservative fraction of the hardware's peak) predicts. ``python -m helpers.plan
+PROFILE --json`` prints them; the unit tests evaluate every lab's plan for every profile.
+
+Branching on the device belongs here, never in a lab.
+
+Introduced in lab 01 (One GPU, One Model).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from .. import runtime
+from . import capstone, phase1, phase2, phase3, phase4  # noqa: F401 - each registers its labs' planners
+from .core import (EFFICIENCY, GPU_OVERHEAD_GIB, LABS, TINY_MOE, TINY_TP, LabPlan, PlanError, fits_context,
+                   predicted_e2e_s)
+
+__all__ = ["LabPlan", "PlanError", "lab", "plans", "LABS", "predicted_e2e_s", "EFFICIENCY", "GPU_OVERHEAD_GIB",
+           "TINY_TP", "TINY_MOE", "main"]
+
+
+def lab(number: str, profile: runtime.Profile | str, quick: bool | None = None) -> LabPlan:
+    """Lab ``number``'s plan for ``profile`` (a Profile or a profile name); raises :class:`PlanError` when it does
+    not fit.
+
+    Introduced in lab 01 (One GPU, One Model).
+    """
+    from ..settings import quick as _quick
+
+    prof = runtime.PROFILES[profile] if isinstance(profile, str) else profile
+    number = f"{int(number):02d}"
+    if number not in LABS:
+        raise KeyError(f"no plan for lab {number}; plans exist for {', '.join(sorted(LABS))}")
+    q = _quick() if quick is None else quick
+    raw = LABS[number](prof, q)
+    p = LabPlan(lab=number, profile=prof.name, model=raw.pop("model", prof.model), **raw)
+    p.checks.insert(0, fits_context(p.max_request_tokens, p.max_model_len, "the longest request"))
+    if not p.ok:
+        failed = "\n  ".join(c["claim"] for c in p.checks if not c["ok"])
+        raise PlanError(f"lab {number}'s plan does not fit profile {prof.name}:\n  {failed}")
+    return p
+
+
+def plans(profile: runtime.Profile | str, quick: bool = False) -> dict[str, Any]:
+    """Every lab's plan for ``profile`` in the shape ``python -m helpers.plan PROFILE --json`` prints.
+
+    Introduced in lab 01 (One GPU, One Model).
+    """
+    prof = runtime.PROFILES[profile] if isinstance(profile, str) else profile
+    return {"profile": {"name": prof.name, "model": prof.model, "max_model_len": prof.max_model_len,
+                        "gpu_memory_gib": prof.gpu_memory_gib},
+            "quick": quick,
+            "labs": {n: lab(n, prof, quick).as_dict() for n in sorted(LABS)}}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m helpers.plan", description=__doc__.split("\n\n")[0])
+    ap.add_argument("profile", choices=sorted(runtime.PROFILES))
+    ap.add_argument("--quick", action="store_true", help="the CI-sized plans (LABS_QUICK=1)")
+    ap.add_argument("--json", action="store_true")
+    a = ap.parse_args(argv)
+    try:
+        out = plans(a.profile, a.quick)
+    except PlanError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    if a.json:
+        print(json.dumps(out, indent=2, default=str))
+    else:
+        for n, p in out["labs"].items():
+            print(f"lab {n}: max_model_len {p['max_model_len']:,}, longest request {p['max_request_tokens']:,}, "
+                  f"min utilization {p['min_gpu_memory_utilization']}, shortest run {p['min_run_s']:g} s")
+            for c in p["checks"]:
+                print(f"    {'ok ' if c['ok'] else 'NO '} {c['claim']}")
+    return 0
+
+

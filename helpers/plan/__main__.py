@@ -1,0 +1,7 @@
+"""``python -m helpers.plan PROFILE [--quick] [--json]``."""
+
+import sys
+
+from . import main
+
+sys.exit(main())

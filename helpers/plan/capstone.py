@@ -1,0 +1,49 @@
+"""The capstone's plan (lab 24): the worked design from brief to bill."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from .. import runtime, sizing
+from .core import GPU_OVERHEAD_GIB, fits_context, geometric, gpu, gpu_fit, model_config, register
+
+# ------------------------------------------------------------------------------------------ capstone
+@register("24")
+def _lab24(p: runtime.Profile, quick: bool) -> dict[str, Any]:
+    # The worked design's workload (1,500 shared + 2,000 unique tokens in, 400 out) kept on a GPU, scaled down on a
+    # CPU so that a request takes about a second and a benchmark a few. The SLO is the lab's: the brief's headroom
+    # over this device's measured single stream.
+    if gpu(p):
+        shared, unique, out = 1536, 2048, (128 if quick else 400)
+        max_len = 8192
+        cfg = model_config(p)
+        room = p.utilization * p.gpu_memory_gib - sizing.weight_bytes(cfg).total / 2**30 - GPU_OVERHEAD_GIB
+        fits = int(room * 2**30 // sizing.kv_bytes_for_context(cfg, shared + unique + out))
+        top = 2 ** int(math.log2(max(1, min(fits, 32 if quick else 64))))  # the most requests the card holds
+        concurrencies = sorted({max(1, top // 8), max(1, top // 2), top}) if quick else \
+            sorted({c for c in geometric(top, 5) if c >= 1})
+        fault_concurrency = top
+    else:
+        shared, unique, out = (256, 64, 32) if quick else (512, 128, 64)
+        concurrencies = [1, 4] if quick else [1, 2, 4, 8]
+        fault_concurrency, max_len = 6, (1024 if quick else 2048)
+    max_len = min(max_len, p.max_model_len)
+    request = shared + unique + out
+    # The planted fault: a KV pool just over one max_model_len request (lab 06's), so a few requests fill it.
+    small_kv = int(1.15 * sizing.kv_bytes_for_context(model_config(p), max_len))
+    small_tokens = int(1.15 * max_len)
+    return {"max_model_len": max_len, "max_request_tokens": request,
+            "min_gpu_memory_utilization": p.utilization if gpu(p) else None, "min_run_s": 0.0,
+            "values": {"shared_prefix": shared, "unique": unique, "output": out,
+                       "concurrencies": concurrencies, "requests_per_slot": 2,
+                       "fault_concurrency": fault_concurrency, "fault_requests": 2 * fault_concurrency,
+                       "small_kv_bytes": small_kv, "safety": 1.3,
+                       "brief_models": ["llama-3.1-70b"], "brief_cards": ["h100", "h200"]},
+            "checks": [fits_context(request, max_len, "a request of the scaled workload"),
+                       {"claim": f"the planted small KV pool (~{small_tokens:,} tokens) holds fewer than "
+                                 f"{fault_concurrency} requests of {request:,} tokens, so the fault shows",
+                        "ok": small_tokens < fault_concurrency * request},
+                       gpu_fit(p, p.utilization, request, max(concurrencies))]}
+
+

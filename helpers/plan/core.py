@@ -1,0 +1,161 @@
+"""What every lab plan is made of: the record, the registry, and the arithmetic that says a plan fits.
+
+Introduced in lab 01 (One GPU, One Model).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable
+
+from .. import runtime, sizing
+
+__all__ = ["LabPlan", "PlanError", "LABS", "EFFICIENCY", "GPU_OVERHEAD_GIB", "TINY_TP", "TINY_MOE", "predicted_e2e_s"]
+
+#: The share of the roofline a real engine is assumed to reach when a plan predicts run lengths (measured here,
+#: vLLM on CPU reached 0.6-0.7 of bandwidth and compute; a GPU reaches 0.7-0.9 of bandwidth in decode).
+EFFICIENCY = 0.5
+#: GPU memory a vLLM server needs beyond weights and KV (activations, CUDA graphs, allocator slack), as planned.
+GPU_OVERHEAD_GIB = 2.0
+
+
+class PlanError(ValueError):
+    """A plan that does not fit its profile (the message lists each failed check).
+
+    Introduced in lab 01 (One GPU, One Model).
+    """
+
+
+@dataclass
+class LabPlan:
+    """One lab's device-dependent values for one profile, and the checks that say they fit.
+
+    ``max_model_len``: the longest context the lab's servers take; ``max_request_tokens``: its longest prompt +
+    output; ``min_gpu_memory_utilization``: the lowest utilization it starts a server at (``None`` on CPU);
+    ``min_run_s``: its shortest measured run (0 when it measures single requests only); ``values``: the rest.
+
+    Introduced in lab 01 (One GPU, One Model).
+    """
+
+    lab: str
+    profile: str
+    model: str
+    max_model_len: int
+    max_request_tokens: int
+    min_gpu_memory_utilization: float | None
+    min_run_s: float
+    values: dict[str, Any] = field(default_factory=dict)
+    checks: list[dict[str, Any]] = field(default_factory=list)
+
+    def __getitem__(self, key: str) -> Any:
+        return self.values[key]
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.values.get(key, default)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @property
+    def ok(self) -> bool:
+        return all(c["ok"] for c in self.checks)
+
+
+Planner = Callable[[runtime.Profile, bool], dict[str, Any]]
+LABS: dict[str, Planner] = {}
+
+
+def register(number: str) -> Callable[[Planner], Planner]:
+    def deco(fn: Planner) -> Planner:
+        LABS[number] = fn
+        return fn
+    return deco
+
+
+# ------------------------------------------------------------------------------------ arithmetic
+def model_config(profile: runtime.Profile) -> sizing.ModelConfig:
+    return sizing.load_config(profile.model, dtype=profile.dtype)
+
+
+def hardware(profile: runtime.Profile) -> sizing.Hardware:
+    return sizing.HARDWARE[profile.hardware]
+
+
+def predicted_e2e_s(profile: runtime.Profile, prompt: int, output: int, batch: int = 1,
+                    model: str | None = None) -> float:
+    """A request's end-to-end seconds as the roofline predicts it at :data:`EFFICIENCY` of the hardware's peak:
+    one prefill of ``prompt`` tokens, then ``output`` decode steps shared with ``batch - 1`` others.
+
+    Introduced in lab 01 (One GPU, One Model).
+    """
+    cfg = sizing.load_config(model, dtype=profile.dtype) if model else model_config(profile)
+    hw = hardware(profile)
+    pre = sizing.prefill_time(cfg, hw, max(prompt, 1), efficiency=EFFICIENCY).time
+    step = sizing.decode_step_time(cfg, hw, max(batch, 1), prompt + output // 2, efficiency=EFFICIENCY).time
+    return pre + output * step
+
+
+def gpu_fit(profile: runtime.Profile, util: float | None, tokens: int, concurrent: int = 1) -> dict[str, Any]:
+    if profile.gpu_memory_gib is None or util is None:
+        return {"claim": "CPU: vLLM sizes the KV pool from RAM (no card to fit)", "ok": True}
+    cfg = model_config(profile)
+    weights = sizing.weight_bytes(cfg).total / 2**30
+    kv = concurrent * sizing.kv_bytes_for_context(cfg, tokens) / 2**30
+    budget = util * profile.gpu_memory_gib
+    need = weights + kv + GPU_OVERHEAD_GIB
+    return {"claim": f"weights {weights:.1f} GiB + KV of {concurrent} x {tokens:,} tokens {kv:.2f} GiB + "
+                     f"{GPU_OVERHEAD_GIB:g} GiB overhead = {need:.1f} GiB <= {util} x {profile.gpu_memory_gib:g} GiB "
+                     f"= {budget:.1f} GiB", "ok": need <= budget}
+
+
+def fits_context(tokens: int, max_model_len: int, what: str) -> dict[str, Any]:
+    return {"claim": f"{what}: {tokens:,} tokens <= max_model_len {max_model_len:,}", "ok": tokens <= max_model_len}
+
+
+def long_enough(profile: runtime.Profile, run_s: float, prompt: int, output: int, batch: int = 1,
+                 what: str = "the shortest measured run", model: str | None = None) -> dict[str, Any]:
+    e2e = predicted_e2e_s(profile, prompt, output, batch, model)
+    return {"claim": f"{what} lasts {run_s:g} s >= 3 x the predicted E2E of one request ({e2e:.2f} s)",
+            "ok": run_s >= 3 * e2e}
+
+
+def gpu(profile: runtime.Profile) -> bool:
+    return profile.device == "cuda"
+
+
+def geometric(top: int, n: int, ratio: int = 2) -> list[int]:
+    return [top // ratio ** k for k in range(n - 1, -1, -1)]
+
+
+
+# ------------------------------------------------------------------------------------ phase 4
+#: A small model this project writes with random weights (``helpers.models.random_checkpoint``) for what the
+#: profile's own model cannot show on a CPU: an even number of heads for TP=2, experts for expert parallelism.
+TINY_TP, TINY_MOE = "random:tiny-tp", "random:tiny-moe"
+
+
+def kv_per_token(p: runtime.Profile, model: str | None = None) -> int:
+    return int(sizing.kv_bytes_for_context(sizing.load_config(model or p.model, dtype=p.dtype), 1))
+
+
+def shared_gpu_fit(p: runtime.Profile, replicas: int, tokens: int, model: str | None = None) -> dict[str, Any]:
+    """``replicas`` servers of ``model`` sharing one card (what a one-GPU learner runs), each with ``tokens`` of KV."""
+    if p.gpu_memory_gib is None:
+        return {"claim": "CPU: each replica gets its own cores and its own KV pool in RAM", "ok": True}
+    cfg = sizing.load_config(model or p.model, dtype=p.dtype)
+    weights = sizing.weight_bytes(cfg).total / 2**30
+    kv = sizing.kv_bytes_for_context(cfg, tokens) / 2**30
+    share = p.utilization / replicas * p.gpu_memory_gib
+    need = weights + kv + GPU_OVERHEAD_GIB
+    return {"claim": f"{replicas} replicas on one card: each needs weights {weights:.1f} + KV {kv:.2f} + "
+                     f"{GPU_OVERHEAD_GIB:g} GiB = {need:.1f} GiB <= its share {share:.1f} GiB", "ok": need <= share}
+
+
+def fleet_model(p: runtime.Profile) -> str:
+    """The model a one-card fleet lab runs two replicas of: the profile's, unless two copies cannot share the card."""
+    if p.gpu_memory_gib is None:
+        return p.model
+    weights = sizing.weight_bytes(sizing.load_config(p.model, dtype=p.dtype)).total / 2**30
+    return p.model if 2 * (weights + GPU_OVERHEAD_GIB + 2) <= p.utilization * p.gpu_memory_gib else runtime.QWEN_1_5B
+
+

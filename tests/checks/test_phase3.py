@@ -1,0 +1,490 @@
+"""The check cells of labs 12-17 can fail: each lab's namespace builder and its doctored
+measurements (how they are run: tests/checks/harness.py).
+"""
+
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pandas as pd
+import pytest
+
+from helpers import sizing
+from tests.checks.harness import CPU_DESCRIPTION, Doctor, SMOLLM2, check_cell, checks_for, lab, make_summary, set_value
+
+
+# ================================================================================================== labs 12-14
+def _lab12_sqnr(**measured: float) -> pd.DataFrame:
+    """Lab 12's SQNR table: predicted by the formula (floats) or each tensor's crest factor (INT8), and measured."""
+    pred_fp8 = {m: 10 * math.log10(12 * 4 ** m * 8 * math.log(2) / 3) for m in (2, 3)}
+    rows = [("fp8_e4m3", "channel", pred_fp8[3], 31.61), ("fp8_e4m3", "tensor", pred_fp8[3], 31.54),
+            ("fp8_e5m2", "channel", pred_fp8[2], 25.62), ("fp8_e5m2", "tensor", pred_fp8[2], 25.56),
+            ("int8", "channel", 41.17, 41.16), ("int8", "tensor", 28.89, 28.89)]
+    d = pd.DataFrame([{"format": f, "scale per": g, "predicted SQNR (dB)": p,
+                       "measured SQNR (dB)": measured.get(f"{f}_{g}", m)} for f, g, p, m in rows])
+    d["measured - predicted"] = d["measured SQNR (dB)"] - d["predicted SQNR (dB)"]
+    return d
+
+
+def _sqnr12(fmt: str, gran: str, value: float):
+    """Doctor: one measured SQNR changed, its 'measured - predicted' kept (so only the claim under test moves)."""
+    def apply(ns):
+        d = ns["sqnr"]
+        row = d.index[(d["format"] == fmt) & (d["scale per"] == gran)][0]
+        d.loc[row, "measured SQNR (dB)"] = value
+    return apply
+
+
+def _grids12(column: str, value: Any):
+    return lambda ns: ns["grids"].__setitem__(column, [value, ns["grids"][column].iloc[1]]) if column != "largest" \
+        else ns["grids"].loc.__setitem__(("fp8_e4m3", "largest"), value)
+
+
+@lab("12",
+     Doctor("hand decoding disagrees with torch's float8 dtype", _grids12("same as torch's dtype", False),
+            "g[\"same as torch's dtype\"].all()"),
+     Doctor("E4M3's largest value is not 448", _grids12("largest", 240.0), 'g.loc["fp8_e4m3", "largest"] == 448'),
+     Doctor("E5M2's SQNR 1.5 dB off the formula",
+            lambda ns: ns["sqnr"].loc.__setitem__((3, "measured - predicted"), 1.5), '"measured - predicted"].abs() < 1.0'),
+     Doctor("E4M3 only 4 dB better than E5M2", _sqnr12("fp8_e5m2", "channel", 31.61 - 4.0),
+            '("fp8_e4m3", "channel"), "measured SQNR (dB)"] - s_.loc[("fp8_e5m2"'),
+     Doctor("INT8 per tensor as good as per channel", _sqnr12("int8", "tensor", 40.0),
+            's_.loc[("int8", "channel"), "measured SQNR (dB)"] - s_.loc[("int8", "tensor")'),
+     Doctor("FP8 per tensor 1 dB worse than per channel", _sqnr12("fp8_e4m3", "tensor", 30.6),
+            'abs(s_.loc[("fp8_e4m3", "channel")'),
+     Doctor("a planned FP8 configuration was not served", lambda ns: ns.update(weights_table=ns["weights_table"].iloc[:1]),
+            "len(weights_table) == len(WEIGHTS)"),
+     Doctor("E4M3 weights drifted by 0.06 nats/token", lambda ns: set_value(ns["weights_table"], 0, "KL (nats/token)", 0.06),
+            '["KL (nats/token)"].iloc[0] < 0.05'),
+     Doctor("E5M2 drifted less than E4M3", lambda ns: set_value(ns["weights_table"], 1, "KL (nats/token)", 0.01),
+            'e5["KL (nats/token)"] > e4["KL (nats/token)"]'),
+     Doctor("E5M2 kept more top-1 agreement than E4M3", lambda ns: set_value(ns["weights_table"], 1, "top-1 agreement", 0.95),
+            'e5["KL (nats/token)"] > e4["KL (nats/token)"]'),
+     Doctor("the baseline's KV cache not as predicted",
+            lambda ns: setattr(ns["base_startup"], "kv_cache_tokens", ns["base_startup"].kv_cache_tokens + 128),
+            'caps["auto"].kv_cache_tokens == base_startup.kv_cache_tokens'),
+     Doctor("the FP8 KV cache held one block less than predicted",
+            lambda ns: ns["kv"].update({"measured tokens": ns["kv"]["measured tokens"] - 128}),
+            'kv["measured tokens"] == kv["predicted tokens"]'),
+     Doctor("knob shows another configuration", lambda ns: set_value(ns["knob_view"], 0, "measured SQNR (dB)", 25.62),
+            'knob_view["measured SQNR (dB)"]'),
+     )
+def lab_12(tmp: Path) -> dict[str, Any]:
+    # Lab 12 on the cpu profile (quick plan) on an AVX2 machine, except the FP8 KV cache, shown served (as an
+    # AVX-512 CPU or a GPU does) so that its assert runs. SQNRs and drift from that run (E5M2 / E4M3 KL 3.3x);
+    # capacities from sizing.vllm_kv_capacity on SmolLM2 in float32 (161 blocks of 128 tokens).
+    grids = pd.DataFrame([
+        {"format": "fp8_e4m3", "finite values": 253, "largest": 448.0, "same as torch's dtype": True,
+         "same as quant.grid": True},
+        {"format": "fp8_e5m2", "finite values": 247, "largest": 57344.0, "same as torch's dtype": True,
+         "same as quant.grid": True}]).set_index("format")
+    sqnr = _lab12_sqnr()
+    weights = {"FP8 E4M3 weights (fake-quantized)": {"fake": "fp8_e4m3"},
+               "FP8 E5M2 weights (fake-quantized)": {"fake": "fp8_e5m2"}}
+    weights_table = pd.DataFrame({
+        "FP8 E4M3 weights (fake-quantized)": {"KL (nats/token)": 0.0185, "KL 95% CI": (0.0168, 0.0200),
+                                              "top-1 agreement": 0.917, "top-1 95% CI": (0.896, 0.937), "positions": 824,
+                                              "greedy tokens before first difference": 17.25},
+        "FP8 E5M2 weights (fake-quantized)": {"KL (nats/token)": 0.0603, "KL 95% CI": (0.0556, 0.0650),
+                                              "top-1 agreement": 0.841, "top-1 95% CI": (0.824, 0.860), "positions": 824,
+                                              "greedy tokens before first difference": 6.75}}).T
+    cfg = sizing.load_config(SMOLLM2, dtype="float32")
+    pool = 161 * 128 * sizing.kv_bytes_per_token(cfg)
+    caps = {kv: sizing.vllm_kv_capacity(cfg, pool, 128, 8192, kv_dtype=kv) for kv in ("auto", "fp8")}
+    base_startup = SimpleNamespace(kv_cache_tokens=caps["auto"].kv_cache_tokens, block_size=128, num_blocks=161)
+    kv = {"predicted tokens": caps["fp8"].kv_cache_tokens, "measured tokens": caps["fp8"].kv_cache_tokens,
+          "served": True}
+    knob_view = sqnr[(sqnr["format"] == "fp8_e4m3") & (sqnr["scale per"] == "channel")].round(2).reset_index(drop=True)
+    return dict(grids=grids, sqnr=sqnr, weights_table=weights_table, WEIGHTS=weights, caps=caps,
+                base_startup=base_startup, kv=kv, ratio=4.0, knob_view=knob_view)
+
+
+def _pivot13(**changes: float) -> pd.DataFrame:
+    """Lab 13's sweep (SQNR in dB by block size and scale format) as measured on the cpu profile's quick plan."""
+    p = pd.DataFrame({"e4m3": [21.51, 20.49, 19.88, 19.35, 19.09], "e8m0": [18.31, 18.45, 18.49, 18.42, 18.35],
+                      "fp32": [21.71, 20.61, 19.99, 19.41, 19.12]}, index=pd.Index([8, 16, 32, 64, 128], name="block size"))
+    p.columns.name = "scale"
+    for key, value in changes.items():
+        col, block = key.rsplit("_", 1)
+        p.loc[int(block), col] = value
+    return p
+
+
+@lab("13",
+     Doctor("E2M1 lost a value", lambda ns: ns.update(e2m1=ns["e2m1"][1:]), "len(e2m1) == 15"),
+     Doctor("the hand-written NVFP4 differs from the library's", lambda ns: ns["same"].update(NVFP4=False),
+            'same["NVFP4"] and same["MXFP4"]'),
+     Doctor("E4M3 blocks of 64 better than blocks of 32", lambda ns: ns.update(pivot=_pivot13(e4m3_64=19.95)),
+            '.diff().dropna() < 0'),
+     Doctor("E4M3 scales 0.7 dB worse than exact ones", lambda ns: ns.update(pivot=_pivot13(e4m3_8=21.01)),
+            '(pivot["fp32"] - pivot["e4m3"]).abs() < 0.3'),
+     Doctor("power-of-two scales beat E4M3 at 128", lambda ns: ns.update(pivot=_pivot13(e8m0_128=19.2)),
+            'pivot["e4m3"] > pivot["e8m0"]).all()'),
+     Doctor("power-of-two scales not flat across block sizes", lambda ns: ns.update(pivot=_pivot13(e8m0_8=15.0)),
+            'pivot["e8m0"].max() - pivot["e8m0"].min()'),
+     Doctor("NVFP4 only 0.9 dB better than MXFP4", lambda ns: ns.update(pivot=_pivot13(e8m0_32=19.6)),
+            'pivot.loc[16, "e4m3"] - pivot.loc[32, "e8m0"] > 1.0'),
+     Doctor("served NVFP4 drifted more than MXFP4",
+            lambda ns: ns["drift_table"].loc.__setitem__(("NVFP4", "KL (nats/token)"), 0.61),
+            'dt.loc["NVFP4", "KL (nats/token)"] < dt.loc["MXFP4"'),
+     Doctor("served NVFP4 agreed less with the baseline than MXFP4",
+            lambda ns: ns["drift_table"].loc.__setitem__(("NVFP4", "top-1 agreement"), 0.55),
+            'dt.loc["NVFP4", "top-1 agreement"] > dt.loc["MXFP4"'),
+     Doctor("knob shows MXFP4's point", lambda ns: set_value(ns["knob_view"], 0, "SQNR (dB)", 18.49), 'knob_view["SQNR (dB)"]'),
+     )
+def lab_13(tmp: Path) -> dict[str, Any]:
+    # Lab 13 on the cpu profile (quick plan: 2 sampled layers, fake-quantized NVFP4 and MXFP4 served, 16 drift texts):
+    # the sweep and the drift as measured there.
+    from helpers import quant
+    import numpy as np
+
+    pivot = _pivot13()
+    drift_table = pd.DataFrame({"NVFP4": {"served as": "fake-quantized", "KL (nats/token)": 0.1833, "top-1 agreement": 0.733},
+                                "MXFP4": {"served as": "fake-quantized", "KL (nats/token)": 0.5989,
+                                          "top-1 agreement": 0.593}}).T
+    knob_view = pd.DataFrame([{"block size": 16, "scale": "e4m3", "SQNR (dB)": round(pivot.loc[16, "e4m3"], 3),
+                               "bits per weight": 4.5, "vs NVFP4 (dB)": 0.0,
+                               "vs MXFP4 (dB)": round(pivot.loc[16, "e4m3"] - pivot.loc[32, "e8m0"], 3)}])
+    return dict(e2m1=quant.grid("fp4_e2m1").numpy(), np=np, quant=quant, same={"NVFP4": True, "MXFP4": True},
+                pivot=pivot, drift_table=drift_table, knob_view=knob_view)
+
+
+W8_14, W8W_14, GPTQ_14, RTN_14, PERCH_14 = ("W8A8 INT8 (round to nearest)", "INT8 weights only (W8A8's weights, dequantized)",
+                                            "W4A16 GPTQ, group 64", "W4A16 round to nearest, group 64",
+                                            "INT4 round to nearest, per channel")
+
+
+def _table14(ns, row: str, column: str, value: Any) -> None:
+    ns["table"].loc[row, column] = value
+
+
+@lab("14",
+     Doctor("a recipe was not built", lambda ns: ns["built"].pop(RTN_14), "set(recipes) <= set(built)"),
+     Doctor("a checkpoint 2% larger than predicted", lambda ns: set_value(ns["sizes"], 1, "measured / predicted", 1.02),
+            '(sizes["measured / predicted"] - 1).abs() < 0.01'),
+     Doctor("W8A8 was served dequantized", lambda ns: _table14(ns, W8_14, "served as", "dequantized"),
+            'w8["served as"] == "compressed-tensors"'),
+     Doctor("INT8 weights alone drifted by 0.02 nats/token", lambda ns: _table14(ns, W8W_14, "KL (nats/token)", 0.02),
+            'w8w["KL (nats/token)"] < 0.01'),
+     Doctor("W8A8's activations cost nothing beyond its weights", lambda ns: _table14(ns, W8_14, "KL (nats/token)", 0.005),
+            'w8["KL (nats/token)"] > 3 * w8w["KL (nats/token)"]'),
+     Doctor("GPTQ drifted as much as round-to-nearest", lambda ns: _table14(ns, GPTQ_14, "KL (nats/token)", 0.07),
+            'table.loc["W4A16 GPTQ, group 64", "KL (nats/token)"] <'),
+     Doctor("per-channel INT4 drifted less than groups of 64",
+            lambda ns: _table14(ns, PERCH_14, "KL (nats/token)", 0.01),
+            'table.loc["INT4 round to nearest, per channel", "KL (nats/token)"] >'),
+     Doctor("knob shows another configuration", lambda ns: set_value(ns["knob_view"], 0, "KL (nats/token)", 0.02),
+            'knob_view["KL (nats/token)"]'),
+     )
+def lab_14(tmp: Path) -> dict[str, Any]:
+    # Lab 14 on the cpu profile (full plan's shape, so that the per-channel assert runs) on an AVX2 machine: W8A8 on
+    # CPUInt8ScaledMMLinearKernel, the 4-bit checkpoints dequantized (no INT4 kernel without AVX-512). Sizes as the
+    # checkpoints built there; drift as transformers computes it on the same checkpoints and texts (which matched
+    # vLLM's served drift for lab 12's E4M3 to 0.001 nats); per-channel INT4 of the same shape.
+    recipes = {W8_14: "w8a8-rtn", W8W_14: "w8a8-rtn", GPTQ_14: "w4a16-gptq-g64-layers0-2",
+               RTN_14: "w4a16-rtn-g64-layers0-2"}
+    built = {k: SimpleNamespace(weight_bytes=b) for k, b in
+             zip(recipes, (163226688, 163226688, 253471904, 253471904))}
+    sizes = pd.DataFrame([{"configuration": k, "predicted MB": p, "measured MB": m, "measured / predicted": m / p}
+                          for k, p, m in zip(recipes, (163.1727, 163.1727, 253.4369, 253.4369),
+                                             (163.2267, 163.2267, 253.4719, 253.4719))]).set_index("configuration")
+    row = lambda kind, kernel, kl, top1: {"served as": kind, "kernel": kernel, "TPOT p50 (ms)": 60.0,  # noqa: E731
+                                          "KL (nats/token)": kl, "top-1 agreement": top1}
+    table = pd.DataFrame({"baseline": row("float32", "-", 0.0, 1.0),
+                          W8_14: row("compressed-tensors", "CPUInt8ScaledMMLinearKernel", 0.0436, 0.871),
+                          W8W_14: row("dequantized", "-", 0.0038, 0.960),
+                          GPTQ_14: row("dequantized", "-", 0.0134, 0.939),
+                          RTN_14: row("dequantized", "-", 0.0620, 0.862),
+                          PERCH_14: row("fake-quantized", "-", 0.2100, 0.80)}).T
+    knob_view = table.loc[[W8_14], ["served as", "TPOT p50 (ms)", "KL (nats/token)", "top-1 agreement"]]
+    return dict(recipes=recipes, built=built, sizes=sizes, table=table, knob_view=knob_view)
+
+
+# ================================================================================================== lab 15
+INT8_15, MXFP4_15 = "INT8 W8A8 (round to nearest)", "MXFP4 weights (fake-quantized)"
+GATE_15 = {"max_task_drop": 0.05, "max_kl": 0.05, "min_top1": 0.90, "max_long_drop": 0.25}
+
+
+def _quality(name: str, wrong: dict[str, int], lc: dict[int, float], drift: tuple[float, float] | None,
+             texts: int = 16, per_task: int = 8):
+    """A real evals.Quality: 8 questions per task with ``wrong[task]`` of them answered wrong, retrieval per length,
+    and (for a candidate) drift as (KL, top-1 agreement) with intervals of +-30% / +-2 points."""
+    from helpers import evals
+    tasks = {}
+    for t in evals.TASKS:
+        correct = {f"{t}-{i:03d}": float(i >= wrong.get(t, 0)) for i in range(per_task)}
+        tasks[t] = evals.TaskScore(t, correct, sum(correct.values()) / per_task,
+                                   evals.bootstrap_mean_ci(list(correct.values())))
+    means = [s.accuracy for s in tasks.values()]
+    mean = sum(means) / len(means)
+    acc = evals.Accuracy(tasks, mean, (mean - 0.07, min(1.0, mean + 0.07)), 18.0, "/tmp/labs-eval")
+    lengths = {n: evals.LengthScore(n, 4, [1.0] * round(4 * a) + [0.0] * (4 - round(4 * a)), a, (max(0, a - 0.5), min(1, a + 0.5)))
+               for n, a in lc.items()}
+    d = None
+    if drift is not None:
+        kl, top1 = drift
+        d = evals.Drift(kl_mean=kl, kl_ci=(0.7 * kl, 1.3 * kl), kl_p99=10 * kl, top1=top1,
+                        top1_ci=(top1 - 0.02, min(1.0, top1 + 0.02)), positions=780, texts=texts, top_k=20)
+    return evals.Quality(name=name, accuracy=acc, long_context=evals.LongContext(lengths), drift=d,
+                         logprobs=[[{1: -0.1, 2: -2.5}]] if drift is None else [])
+
+
+def _lab15_derive(ns):
+    """The lab's own derivations from results: gates, the average view, the examples, the knob's default table."""
+    from helpers import evals
+    base, results, GATE = ns["base"], ns["results"], ns["GATE"]
+    ns["gates"] = gates = {n: evals.gate(base, q, **GATE) for n, q in results.items()}
+    rows = []
+    for q in results.values():
+        ids = [i for i in base.accuracy.per_question() if i in q.accuracy.per_question()]
+        diff, ci = evals.paired_diff_ci([base.accuracy.per_question()[i] for i in ids],
+                                        [q.accuracy.per_question()[i] for i in ids])
+        rows.append({"configuration": q.name, "average change": diff, "95% CI lo": ci[0], "95% CI hi": ci[1],
+                     "average alone says": "no detectable loss" if ci[1] >= -GATE["max_task_drop"]
+                     and ci[0] <= 0 <= ci[1] or ci[0] > 0 else "worse"})
+    ns["hidden"] = hidden = pd.DataFrame(rows).set_index("configuration")
+    ns["examples"] = [n for n in results if hidden.loc[n, "average alone says"] == "no detectable loss"
+                      and not gates[n].safe]
+    ns["gate_default"] = pd.DataFrame([{"configuration": n, "safe": g.safe} for n, g in gates.items()]
+                                      ).set_index("configuration")
+
+
+def _doctor_15_flip_gate(name: str, safe: bool):
+    def doctor(ns):
+        ns["gates"][name].safe = safe
+    return doctor
+
+
+@lab("15",
+     Doctor("the baseline scores near chance", lambda ns: setattr(ns["base"].accuracy, "mean_ci", (0.31, 0.49)),
+            "base.accuracy.mean_ci[0] > 0.5"),
+     Doctor("the baseline misses the facts at the shortest length",
+            lambda ns: setattr(ns["base"].long_context.lengths[512], "accuracy", 0.5),
+            "base.long_context.lengths[LENGTHS[0]].accuracy >= 0.75"),
+     Doctor("a candidate's drift read fewer texts", lambda ns: setattr(ns["results"][MXFP4_15].drift, "texts", 15),
+            "q.drift.texts == len(TEXTS)"),
+     Doctor("the 4-bit candidate drifted less than the 8-bit one",
+            lambda ns: setattr(ns["results"][MXFP4_15].drift, "kl_mean", 0.003), "results[rest[-1]].drift.kl_mean >"),
+     Doctor("the 4-bit candidate passed", _doctor_15_flip_gate(MXFP4_15, True), "not gates[rest[-1]].safe"),
+     Doctor("the 4-bit damage shows in the average too", lambda ns: ns.update(examples=[]), "assert examples"),
+     Doctor("the example's drift interval reaches the limit",
+            lambda ns: (setattr(ns["results"][MXFP4_15].drift, "kl_ci", (0.04, 0.2)),
+                        setattr(ns["results"][MXFP4_15].drift, "top1_ci", (0.85, 0.91))),
+            'results[n].drift.kl_ci[0] > GATE["max_kl"]'),
+     Doctor("a gate without its reasons", lambda ns: ns["gates"][MXFP4_15].reasons.__delitem__(slice(3, None)),
+            "len(g.reasons) >="),
+     Doctor("the knob gives another verdict", lambda ns: ns["gate_default"].__setitem__("safe", True),
+            'bool(gate_default.loc[n, "safe"])'),
+     Doctor("the baseline was not saved for lab 17", lambda ns: (ns["QUALITY_DIR"] / "baseline.json").unlink(),
+            '(QUALITY_DIR / "baseline.json").exists()'),
+     )
+def lab_15(tmp: Path) -> dict[str, Any]:
+    # Lab 15 on the cpu profile (quick plan: 16 drift texts, 8 questions per task, lengths 512 and 2,048, one haystack).
+    # The shapes of a real run: INT8 W8A8 moves KL by thousandths, MXFP4 by a tenth of a nat with one or two more
+    # wrong answers per task — inside the task average's interval.
+    from helpers import evals
+    lengths = [512, 2048]
+    base_wrong = {"arithmetic": 3, "facts": 1, "sequences": 2}
+    base = _quality("smollm2 float32", base_wrong, {512: 1.0, 2048: 0.25}, None)
+    results = {INT8_15: _quality(INT8_15, base_wrong, {512: 1.0, 2048: 0.25}, (0.004, 0.97)),
+               MXFP4_15: _quality(MXFP4_15, {**base_wrong, "arithmetic": 4, "sequences": 3}, {512: 1.0, 2048: 0.25},
+                                  (0.15, 0.82))}
+    qdir = tmp / "phase3_quality"
+    base.save(qdir / "baseline.json")
+    ns = dict(base=base, results=results, GATE=dict(GATE_15), LENGTHS=lengths, TEXTS=["t"] * 16, QUALITY_DIR=qdir,
+              evals=evals)
+    _lab15_derive(ns)
+    return ns
+
+
+
+# ================================================================================================== lab 16
+def _lab16_table(rows: list[tuple[str, int, float, float, list[float], float, float]]) -> pd.DataFrame:
+    """The lab's table from (workload, concurrency, alpha, mean length, per-position shares, TPOT base, TPOT drafted),
+    derived the lab's way."""
+    from helpers import speculative
+    out = []
+    for kind, c, alpha, mean_len, per_pos, base_tpot, tpot in rows:
+        out.append({"drafter": "n-gram, k=3", "workload": kind, "concurrency": c, "k": 3, "acceptance rate α": alpha,
+                    "mean acceptance length": mean_len,
+                    "predicted tokens/step from α": speculative.expected_tokens_per_step(alpha, 3),
+                    "TPOT baseline (ms)": base_tpot, "TPOT drafted (ms)": tpot, "measured speedup": base_tpot / tpot,
+                    "failed": 0, "per-position acceptance": per_pos, "drafts": 40.0})
+    t = pd.DataFrame(out)
+    t["verification cost (x a plain step)"] = t["mean acceptance length"] / t["measured speedup"]
+    t["counters agree"] = [abs(r["mean acceptance length"] - 1 - sum(r["per-position acceptance"])) < 0.01
+                           or r["drafts"] == 0 for _, r in t.iterrows()]
+    return t
+
+
+def _lab16_ns(rows) -> dict[str, Any]:
+    table = _lab16_table(rows)
+    t = table[table.drafter == "n-gram, k=3"].set_index(["workload", "concurrency"])
+    return dict(table=table, t=t, copy1=t.loc[("copy", 1)], open1=t.loc[("open", 1)], copyN=t.loc[("copy", 8)])
+
+
+LAB16_ROWS = [("copy", 1, 0.962, 3.886, [0.977, 0.955, 0.955], 310.3, 35.3),   # lab 16's run on the cpu profile
+              ("open", 1, 0.020, 1.058, [0.058, 0.0, 0.0], 293.7, 87.9),
+              ("copy", 8, 0.935, 3.805, [0.967, 0.935, 0.902], 378.0, 77.4)]
+
+
+def _doctor_16(i: int, **changes):
+    def doctor(ns):
+        rows = [list(r) for r in LAB16_ROWS]
+        for k, v in changes.items():
+            rows[i][["workload", "concurrency", "alpha", "mean_len", "per_pos", "base", "tpot"].index(k)] = v
+        ns.update(_lab16_ns([tuple(r) for r in rows]))
+    return doctor
+
+
+@lab("16",
+     Doctor("a request failed", lambda ns: set_value(ns["table"], 1, "failed", 1), 'table["failed"].sum() == 0'),
+     Doctor("the per-position counters disagree with the mean length", lambda ns: set_value(ns["table"], 0, "counters agree", False),
+            'table["counters agree"].all()'),
+     Doctor("copy acceptance only 0.45", _doctor_16(0, alpha=0.45), 'copy1["acceptance rate α"] > 0.5'),
+     Doctor("open text accepted as often as copy", _doctor_16(1, alpha=0.985), 'copy1["acceptance rate α"] > 0.5'),
+     Doctor("drafting did not cut TPOT on copy", _doctor_16(0, tpot=300.0), 'copy1["measured speedup"] > 1.15'),
+     Doctor("open text sped up as much as copy", _doctor_16(1, tpot=32.0), 'open1["measured speedup"] < copy1'),
+     Doctor("verifying in a busy batch cost no more", _doctor_16(2, tpot=42.0),
+            'copyN["verification cost (x a plain step)"] > copy1'),
+     Doctor("the formula over-predicts the mean length",
+            _doctor_16(0, mean_len=2.7, per_pos=[0.6, 0.58, 0.52], tpot=19.0), 'copy1["mean acceptance length"] >= 0.97'),
+     )
+def lab_16(tmp: Path) -> dict[str, Any]:
+    # Lab 16 on the cpu profile (quick plan: k=3, 64-token answers, 3 requests one at a time, then 8 in flight).
+    return _lab16_ns(LAB16_ROWS)
+
+
+# ================================================================================================== lab 17
+CONFIGS_17 = ["float32 baseline", "INT8 W8A8 (round to nearest)", "INT8 W8A8 (round to nearest) + n-gram, k=3"]
+
+
+def _lab17_derive(ns) -> None:
+    """Costs, the choice, the knob's default table and the deliverable, derived the lab's way from ``rows``."""
+    from helpers import artifacts, cost
+    rows, price = ns["rows"], ns["PRICE"]
+    ns["cost_rows"] = cost_rows = [cost.cost_at_slo("cpu", r["output_tokens_per_s_at_slo"], name=n,
+                                                    usd_per_hour=price.usd_per_hour)
+                                   for n, r in rows.items() if r["output_tokens_per_s_at_slo"]]
+    ns["priced"] = priced = {r.name: r.per_million_output for r in cost_rows}
+    safe = ns["safe"]
+    ns["chosen_name"] = chosen = min((n for n in CONFIGS_17 if safe[n] and n in priced), key=priced.get)
+    ns["what_if_default"] = pd.DataFrame([{"configuration": n, "$ per M output": priced[n]} for n in priced]
+                                         ).set_index("configuration")
+    def entry(n):
+        r = rows[n]
+        return {"name": n, "checkpoint": "/ckpt" if n != CONFIGS_17[0] else "llm-serving-labs/smollm2-135m-instruct",
+                "speculative": {"method": "ngram"} if "n-gram" in n else None, "max_rate_at_slo": r["max_rate_at_slo"],
+                "output_tokens_per_s_at_slo": r["output_tokens_per_s_at_slo"], "price_per_hour": price.usd_per_hour,
+                "cost_per_million_output_tokens": priced.get(n),
+                "reproduce": {"server": "python -m vllm.entrypoints.openai.api_server ...",
+                              "bench": "python -m helpers.bench run --rate 0.9 --seed 7 ..."}}
+    data = {"baseline": entry(CONFIGS_17[0]),
+            "chosen": {**entry(chosen), "gate": {"safe": True, "figures": {"drift": {"kl_ci": [0.003, 0.005]}}}}}
+    prov = {"vllm": {"version": "0.32.0"}, "device": {"description": CPU_DESCRIPTION}}
+    ns["paths"] = artifacts.write(ns["_reports"], "phase3_deployment", title="Phase 3", markdown="# Phase 3\n",
+                                  data=data, provenance=prov)
+
+
+def _probe(passed: bool, failed: int = 0):
+    return SimpleNamespace(passed=passed, run=SimpleNamespace(summary=make_summary(failed=failed)))
+
+
+def _doctor_17(name: str, **changes):
+    def doctor(ns):
+        ns["rows"][name].update(changes)
+        _lab17_derive(ns)
+        ns["measured"] = pd.DataFrame(ns["rows"].values())
+    return doctor
+
+
+def _doctor_17_deliverable(change):
+    def doctor(ns):
+        data = json.loads(ns["paths"]["json"].read_text())
+        change(data)
+        ns["paths"]["json"].write_text(json.dumps(data))
+    return doctor
+
+
+@lab("17",
+     Doctor("the baseline met the SLO at no rate", _doctor_17(CONFIGS_17[0], max_rate_at_slo=None),
+            'rows[BASE_NAME]["max_rate_at_slo"]'),
+     Doctor("a configuration met the SLO at no rate, though it passed a probe above its floor",
+            _doctor_17(CONFIGS_17[2], max_rate_at_slo=None),
+            'r["max_rate_at_slo"] or (r["bracket"][0] is None'),
+     Doctor("every probe of a search passed (its rate is where it stopped)", _doctor_17(CONFIGS_17[0], bracket=(1.0, None)),
+            'all(r["bracket"][1] is not None'),
+     Doctor("a passing probe had a failed request",
+            lambda ns: ns["searches"][CONFIGS_17[0]].probes.__setitem__(0, _probe(True, failed=1)),
+            "p.run.summary.failed == 0"),
+     Doctor("a cost not from the catalog price",
+            lambda ns: ns["cost_rows"].__setitem__(0, dataclasses.replace(ns["cost_rows"][0],
+                                                                      per_million_output=ns["cost_rows"][0].per_million_output * 1.01)),
+            "abs(r.per_million_output - 1e6 / r.output_tokens_per_s"),
+     Doctor("tokens/s at the SLO far from rate x tokens per answer",
+            _doctor_17(CONFIGS_17[1], output_tokens_per_s_at_slo=0.4 * 1.1 * 32),
+            '0.5 < r["output_tokens_per_s_at_slo"]'),
+     Doctor("the chosen configuration failed the gate",
+            lambda ns: ns["safe"].__setitem__(ns["chosen_name"], False),
+            "safe[chosen_name] and priced[chosen_name] == min("),
+     Doctor("B200 predicted dearer per token than H200",
+            lambda ns: ns["devices"].__setitem__("$ per M output", ns["devices"]["$ per M output"][::-1].values),
+            'devices.loc["b200 bf16", "$ per M output"]'),
+     Doctor("the knob gives another cost",
+            lambda ns: set_value(ns["what_if_default"], 0, "$ per M output", ns["what_if_default"]["$ per M output"].iloc[0] * 1.01),
+            'abs(what_if_default.loc[n, "$ per M output"] - priced[n])'),
+     Doctor("the deliverable lacks the chosen price per hour",
+            _doctor_17_deliverable(lambda d: d["chosen"].pop("price_per_hour")), '"cost_per_million_output_tokens"} <= set(saved[side])'),
+     Doctor("the deliverable's cost differs from the measured one",
+            _doctor_17_deliverable(lambda d: d["baseline"].update(cost_per_million_output_tokens=1.0)),
+            'saved[side]["cost_per_million_output_tokens"] == priced'),
+     Doctor("a reproduce command that is not the harness's",
+            _doctor_17_deliverable(lambda d: d["chosen"]["reproduce"].update(bench="curl ...")),
+            'saved[side]["reproduce"]["bench"].startswith'),
+     Doctor("the deliverable's gate says not safe",
+            _doctor_17_deliverable(lambda d: d["chosen"]["gate"].update(safe=False)), 'saved["chosen"]["gate"]["safe"] is True'),
+     Doctor("the HTML deliverable is missing", lambda ns: ns["paths"]["html"].unlink(), 'paths["md"].exists()'),
+     )
+def lab_17(tmp: Path) -> dict[str, Any]:
+    # Lab 17 on the cpu profile (quick plan: 32-token answers, SLO 90% within TTFT 2,000 ms and TPOT 200 ms).
+    from helpers import cost
+    rates = {CONFIGS_17[0]: 1.0, CONFIGS_17[1]: 1.1, CONFIGS_17[2]: 1.3}
+    rows = {n: {"max_rate_at_slo": r, "bracket": (r, 1.5 * r), "output_tokens_per_s_at_slo": r * 32 * 0.97,
+                "attainment at that rate": 0.95, "floor": None if n == CONFIGS_17[0] else rates[CONFIGS_17[0]]}
+            for n, r in rates.items()}
+    pred = []
+    for d in ("h200", "b200"):
+        r = cost.roofline_rate_at_tpot("llama-3.1-8b", d, 40.0, 2048, efficiency=0.5)
+        pred.append({"row": f"{d} bf16", "$ per M output": cost.cost_at_slo(d, r.output_tokens_per_s).per_million_output})
+    ns = dict(rows=rows, searches={n: SimpleNamespace(probes=[_probe(False), _probe(True)]) for n in CONFIGS_17},
+              BASE_NAME=CONFIGS_17[0],
+              PRICE=cost.price("cpu"), OUTPUT_LEN=32, safe={n: True for n in CONFIGS_17},
+              devices=pd.DataFrame(pred).set_index("row"), json=json, _reports=tmp / "reports",
+              measured=pd.DataFrame(rows.values()))
+    _lab17_derive(ns)
+    return ns
+
+
+def test_lab17_check_passes_when_a_configuration_fails_down_to_its_floor(tmp_path):
+    """INT8 W8A8 on a CPU without int8 dot-product instructions (measured on an AVX2-only EPYC: TPOT 182 ms against
+    107 for float32): its search fails at its floor, the baseline's rate, and stops; it is not priced, and the check
+    passes on what was measured."""
+    ns = lab_17(tmp_path)
+    ns["rows"][CONFIGS_17[1]].update(max_rate_at_slo=None, bracket=(None, 1.0), output_tokens_per_s_at_slo=None,
+                                     **{"attainment at that rate": None})
+    _lab17_derive(ns)
+    ns["measured"] = pd.DataFrame(ns["rows"].values())
+    assert CONFIGS_17[1] not in ns["priced"]
+    check_cell("17").run(ns)
+    ns["rows"][CONFIGS_17[1]]["bracket"] = (None, 1.2)   # stopped above its floor: not a finished search
+    with pytest.raises(AssertionError):
+        check_cell("17").run(ns)
+
+
+test_check_passes, test_doctored_measurement_fails, test_doctors_cover_every_assert = checks_for('phase3')
