@@ -234,7 +234,9 @@ class Profile:
     local path. ``engine_args`` are vLLM engine arguments (``max_model_len=2048`` becomes ``--max-model-len
     2048``); ``env`` is set in the server's environment. ``gpu_memory_gib`` is the card's memory (``None`` on
     CPU); ``hardware`` names its entry in ``helpers.sizing.HARDWARE``. ``load_scale`` multiplies the rates a lab
-    offers (CPU = 1). ``why`` says, for a lab to print, why each choice was made.
+    offers (CPU = 1). ``why`` says, for a lab to print, why each choice was made. What decides which formats vLLM
+    serves (:mod:`helpers.support`): ``compute_capability`` (a GPU's), ``cpu_flags`` (of :data:`CPU_FLAGS`) and
+    ``devices`` (GPUs, or CPU cores); :func:`profile` fits them to the machine it runs on.
 
     Introduced in lab 01 (One GPU, One Model).
     """
@@ -252,6 +254,9 @@ class Profile:
     sizing_context: int = 8192
     gpu_memory_gib: float | None = None
     hardware: str = "cpu"
+    compute_capability: tuple[int, int] | None = None
+    cpu_flags: frozenset[str] = frozenset()
+    devices: int = 1
 
     @property
     def utilization(self) -> float:
@@ -304,7 +309,7 @@ def _scheduler(budget: int, seqs: int) -> dict[str, int]:
     return {"max_num_batched_tokens": budget, "max_num_seqs": seqs}
 
 
-def _llama_8b(name: str, gpu: str, memory_gib: float, max_model_len: int, load_scale: float,
+def _llama_8b(name: str, gpu: str, memory_gib: float, max_model_len: int, load_scale: float, cc: tuple[int, int],
               util: float = 0.90, budget: int = 8192, seqs: int = 1024) -> Profile:
     """A data-centre GPU profile: Llama-3.1-8B-Instruct in bf16; the Sizing Sheet runs at max_model_len."""
     return Profile(
@@ -312,6 +317,7 @@ def _llama_8b(name: str, gpu: str, memory_gib: float, max_model_len: int, load_s
         max_model_len=max_model_len, engine_args={"gpu_memory_utilization": util, **_scheduler(budget, seqs)}, env={},
         why=_GPU_WHY.format(gpu=gpu, model="Llama-3.1-8B-Instruct", dtype="bf16", util=util),
         load_scale=load_scale, sizing_context=max_model_len, gpu_memory_gib=memory_gib, hardware=name,
+        compute_capability=cc,
     )
 
 
@@ -346,6 +352,7 @@ def cpu_profile(machine: Machine | None = None) -> Profile:
         env={"VLLM_CPU_NUM_OF_RESERVED_CPU": "0", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"},
         why=_CPU_WHY.format(dtype=dtype, dtype_why=dtype_why, util=util, worker=util * ram, ram=ram),
         load_scale=1.0, sizing_context=8192, gpu_memory_gib=None, hardware="cpu",
+        cpu_flags=frozenset(machine.cpu_flags), devices=machine.cpu_count,
     )
 
 
@@ -361,13 +368,14 @@ PROFILES: dict[str, Profile] = {
         env={},
         why=_GPU_WHY.format(gpu="T4 (16 GB, compute capability 7.5, no bf16)", model="Qwen2.5-1.5B-Instruct",
                             dtype="fp16", util=0.85),
-        load_scale=4.0, sizing_context=32768, gpu_memory_gib=15.0, hardware="t4",
+        load_scale=4.0, sizing_context=32768, gpu_memory_gib=15.0, hardware="t4", compute_capability=(7, 5),
     ),
-    "l4": _llama_8b("l4", "L4 (24 GB)", 22.5, max_model_len=16384, load_scale=8.0, budget=2048, seqs=256),
-    "a100": _llama_8b("a100", "A100 80GB", 80.0, max_model_len=131072, load_scale=32.0, budget=2048, seqs=256),
-    "h100": _llama_8b("h100", "H100 80GB", 79.6, max_model_len=131072, load_scale=48.0),
-    "h200": _llama_8b("h200", "H200 141GB", 140.4, max_model_len=131072, load_scale=64.0),
-    "b200": _llama_8b("b200", "B200 180GB", 178.4, max_model_len=131072, load_scale=96.0, budget=16384),
+    "l4": _llama_8b("l4", "L4 (24 GB)", 22.5, max_model_len=16384, load_scale=8.0, cc=(8, 9), budget=2048, seqs=256),
+    "a100": _llama_8b("a100", "A100 80GB", 80.0, max_model_len=131072, load_scale=32.0, cc=(8, 0), budget=2048,
+                      seqs=256),
+    "h100": _llama_8b("h100", "H100 80GB", 79.6, max_model_len=131072, load_scale=48.0, cc=(9, 0)),
+    "h200": _llama_8b("h200", "H200 141GB", 140.4, max_model_len=131072, load_scale=64.0, cc=(9, 0)),
+    "b200": _llama_8b("b200", "B200 180GB", 178.4, max_model_len=131072, load_scale=96.0, cc=(10, 0), budget=16384),
 }
 
 
@@ -411,4 +419,7 @@ def profile(name: str | None = None, machine: Machine | None = None) -> Profile:
         raise RuntimeError(
             f"profile {name!r} needs an NVIDIA GPU and this machine has none ({machine.describe()}). "
             "Use profile 'cpu' (unset LABS_PROFILE), or run on a GPU runtime (Colab: Runtime > Change runtime type).")
-    return cpu_profile(machine) if prof.device == "cpu" else prof
+    if prof.device == "cpu":
+        return cpu_profile(machine)
+    # The card's own capability and count (an RTX 3090 runs the l4 profile, without the L4's FP8 tensor cores)
+    return prof.replace(compute_capability=machine.gpus[0].compute_capability, devices=len(machine.gpus))

@@ -503,6 +503,45 @@ def test_a_full_machine_makes_room_by_stopping_this_sessions_oldest_parked_serve
         fake(reuse=True, make_room=False, engine_args={"max_model_len": 1024}).start()
 
 
+def _one_gpu(monkeypatch, cc=(9, 0)):
+    """Make the server helpers see one NVIDIA GPU (the fake vLLM runs on CPU all the same)."""
+    from helpers.runtime import Machine
+    from helpers.server import core
+
+    gpu = Machine(is_colab=False, gpus=(GPU("NVIDIA H100 80GB HBM3", 79.6, cc),), cpu_count=2, memory_gib=24.0)
+    monkeypatch.setattr(core, "detect", lambda: gpu)
+
+
+def test_on_one_gpu_a_parked_server_makes_room_by_memory_not_only_by_count(fake, monkeypatch):
+    """Under make test on a GPU, a parked server kept 90% of the card while the limit (2 servers) still had a slot,
+    and the next different server failed vLLM's start check ('Free memory on device ... is less than desired GPU
+    memory utilization'). A start now counts the card: it stops this session's parked server first."""
+    _one_gpu(monkeypatch)
+    a = fake(reuse=True, engine_args={"gpu_memory_utilization": 0.9, "max_model_len": 2048})
+    a.start()
+    pid = a.pid
+    a.stop()  # parked, holding 90% of the card
+    b = fake(reuse=True, engine_args={"gpu_memory_utilization": 0.9, "max_model_len": 4096})
+    b.start()
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    # two servers that share the card (fleet replicas at half each) still run side by side
+    c = fake(reuse=True, engine_args={"gpu_memory_utilization": 0.05, "max_model_len": 1024})
+    c.start()
+    assert b.running and c.running
+    with pytest.raises(server.TooManyServers, match="of the card"):  # running, not parked: refused, with why
+        fake(reuse=True, make_room=False, engine_args={"gpu_memory_utilization": 0.5}).start()
+
+
+def test_an_fp8_kv_cache_is_refused_before_a_start_on_a_t4(fake, monkeypatch):
+    """vLLM 0.32 runs only its Triton backend below compute capability 8.0, which refuses an FP8 KV cache when the
+    engine builds it: the server would die at start (labs 12 and 15 on Colab's T4)."""
+    _one_gpu(monkeypatch, cc=(7, 5))
+    with pytest.raises(ValueError, match="SM89"):
+        fake(engine_args={"kv_cache_dtype": "fp8"})
+    _one_gpu(monkeypatch, cc=(9, 0))
+    fake(engine_args={"kv_cache_dtype": "fp8"})  # an H100 stores it (FlashAttention 3)
+
+
 def test_error_inside_with_block_never_parks(fake):
     srv = fake(reuse=True)
     with pytest.raises(RuntimeError):

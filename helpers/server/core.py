@@ -21,7 +21,7 @@ import psutil
 
 from .. import metrics as _metrics
 from .. import models as _models
-from .. import procs, settings
+from .. import procs, settings, support
 from ..progress import Bar as ProgressBar
 from ..runtime import Profile, detect, resolve_engine_args
 from .args import check_engine_args, engine_cli, normalize
@@ -131,10 +131,19 @@ class Server:
                                  "/v1 needs it, or keep the default host='127.0.0.1'.")
             if not behind_auth_proxy:
                 raise ValueError(f"host={host!r} with an API key is still not closed. {_PROXY_WHY}")
+        machine = detect()
         if isinstance(engine_args, Mapping):
             engine_args = normalize(engine_args)
-            machine = detect()
             check_engine_args(engine_args, machine.device, machine.gpus[0] if machine.gpus else None)
+            kv = engine_args.get("kv_cache_dtype")
+            if kv is not None:  # refused before a start that would die in vLLM (an FP8 KV cache on a T4)
+                s = support.lookup("kv_cache", str(kv), support.Device.of_machine(machine))
+                if not s.supported:
+                    raise ValueError(f"kv_cache_dtype={kv!r} is not served on this machine: {s.why}")
+        # On a GPU, the share of the card this server asks vLLM for: a start needs that much free, whatever other
+        # servers hold (vLLM 0.32 counts the whole card), so parked servers make room by memory too, not by count.
+        util = dict(engine_args).get("gpu_memory_utilization", 0.92) if isinstance(engine_args, Mapping) else None
+        self.gpu_share = float(util) if machine.has_gpu and isinstance(util, (int, float)) else None
         self.model_path = _models.resolve(model)
         self.served_model_name = served_model_name or _models.served_name(model)
         self.engine_args = dict(engine_args) if isinstance(engine_args, Mapping) else list(engine_args or [])
@@ -275,7 +284,7 @@ class Server:
                     ahead = _tickets_ahead(ticket)
                     if ticket is None and len(running) + ahead >= limit:
                         ticket = _take_ticket()  # the newest: the same waiters are still ahead of it
-                    if len(running) + ahead >= limit and self.make_room:
+                    if (len(running) + ahead >= limit or self._card_short(running)) and self.make_room:
                         parked = [r for r in running if r.parked and r.session == settings.session()]
                         # A plain server whose configuration a swappable one of this session also serves goes
                         # first: lab 12's fp8-KV start stopped its new swappable baseline (used once) and kept lab
@@ -288,17 +297,19 @@ class Server:
                             procs.kill_tree(rec.pid, rec.create_time)
                             rec.remove()
                             running.remove(rec)
-                            if len(running) + ahead < limit:
+                            if len(running) + ahead < limit and not self._card_short(running):
                                 break
-                    if len(running) + ahead < limit:  # a slot is free for every earlier waiter, and one for us
+                    if len(running) + ahead < limit and not self._card_short(running):  # a slot for every earlier
+                        # waiter, one for us, and on a GPU room on the card
                         if then is not None:
                             then()
                         return
                 if time.monotonic() >= deadline:
                     break
                 if not told:
-                    print(f"{len(running)} vLLM servers are running (the limit is {limit}): waiting for one to stop"
-                          f"{f' ({ahead} waiting before this one)' if ahead else ''}...", file=sys.stderr)
+                    short = " and the card has no room for this one" if self._card_short(running) else ""
+                    print(f"{len(running)} vLLM servers are running (the limit is {limit}){short}: waiting for one to "
+                          f"stop{f' ({ahead} waiting before this one)' if ahead else ''}...", file=sys.stderr)
                     told = True
                 time.sleep(2.0)
                 procs.reap(verbose=False)
@@ -306,10 +317,26 @@ class Server:
             if ticket is not None:
                 ticket.unlink(missing_ok=True)
         names = "\n  ".join(r.describe() for r in running)
+        if self._card_short(running):
+            raise TooManyServers(
+                f"this server asks vLLM for {self.gpu_share:.0%} of the card and the servers already on it hold "
+                f"{self._card_taken(running):.0%}:\n  {names}\nvLLM would refuse to start ('Free memory on device ... "
+                "is less than desired GPU memory utilization'). Stop one first (srv.stop() in its notebook, `python -m "
+                "helpers.server stop PID`), or start this one with a lower gpu_memory_utilization.")
         raise TooManyServers(
             f"{len(running)} vLLM servers are already running (this machine allows {limit}):\n  {names}\n"
             "Stop one first: srv.stop() in its notebook, `python -m helpers.server stop PID`, "
             "or `python -m helpers.server stop-all` (or wait for a slot: LABS_WAIT_FOR_SLOT_S=seconds).")
+
+    def _card_taken(self, running: list[Any]) -> float:
+        """The share of this server's card the running servers asked for (0 off a GPU, or on another card)."""
+        mine = self.env.get("CUDA_VISIBLE_DEVICES", os.environ.get("CUDA_VISIBLE_DEVICES", "all"))
+        return sum(float(r.meta.get("gpu_share") or 0.0) for r in running
+                   if r.meta.get("gpus", "all") in (mine, "all") or mine == "all")
+
+    def _card_short(self, running: list[Any]) -> bool:
+        """On a GPU: the running servers leave less of the card free than this one asks for."""
+        return self.gpu_share is not None and self._card_taken(running) + self.gpu_share > 1.0 + 1e-9
 
     def _launch(self) -> None:
         if self.requested_port is not None:
@@ -337,7 +364,9 @@ class Server:
             cmd, kind=KIND, name=self.served_model_name, env=env, host=self.host, port=self.port, key=self.key,
             log_path=self.log_dir / f"vllm-{self.served_model_name}-{stamp}-{self.port}.log",
             secrets=[self.api_key], die_with_owner=not self.reuse, on_release=self._release,
-            meta={"model": self.model_path, "serves": self._serves()}, cpus=bound_cpus(self.env)).start()
+            meta={"model": self.model_path, "serves": self._serves(), "gpu_share": self.gpu_share,
+                  "gpus": self.env.get("CUDA_VISIBLE_DEVICES", os.environ.get("CUDA_VISIBLE_DEVICES", "all"))},
+            cpus=bound_cpus(self.env)).start()
 
     def _healthy(self, host: str | None = None, port: int | None = None) -> bool:
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
