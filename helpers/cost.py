@@ -53,6 +53,7 @@ PRICES: dict[str, Price] = {
     "a100": Price("NVIDIA A100 SXM 80GB", 1.50, _GPU_CLOUD, "2026-12"),
     "h100": Price("NVIDIA H100 SXM 80GB", 2.50, _GPU_CLOUD, "2026-12"),
     "h200": Price("NVIDIA H200 SXM 141GB", 3.50, _GPU_CLOUD, "2026-12"),
+    "h200-measured": Price("NVIDIA H200 SXM 141GB", 3.50, _GPU_CLOUD + " (the same card as h200)", "2026-12"),
     "b200": Price("NVIDIA B200 180GB", 5.50, _GPU_CLOUD, "2026-12"),
     "cpu": Price("2-vCPU cloud VM, 24 GB", 0.10,
                  "assumption: a general-purpose 2-vCPU/24 GB on-demand VM (the machine the CPU labs run on)", "2026-12"),

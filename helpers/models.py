@@ -28,8 +28,8 @@ from pathlib import Path
 
 from . import settings
 
-__all__ = ["DEFAULT_ID", "DEFAULT_SERVED_NAME", "RANDOM_PREFIX", "default_model", "find_gguf", "random_checkpoint", "resolve", "tiny_config_path",
-           "local_path", "offline_env", "served_name", "is_local_id"]
+__all__ = ["DEFAULT_ID", "DEFAULT_SERVED_NAME", "RANDOM_PREFIX", "default_model", "find_gguf", "random_checkpoint", "resolve",
+           "tiny_config_path", "local_path", "fetch", "offline_env", "served_name", "is_local_id"]
 
 #: The hub id the default model is cached under (this project's namespace, never the upstream one).
 DEFAULT_ID = "llm-serving-labs/smollm2-135m-instruct"
@@ -266,6 +266,37 @@ def local_path(model: str | os.PathLike) -> Path | None:
         if snap.is_dir():
             return snap
     return None
+
+
+#: What :func:`fetch` takes of a hub repository: what vLLM and transformers load (Meta's repositories also hold an
+#: ``original/`` copy of the weights in PyTorch's format, as large again).
+FETCH_PATTERNS = ("*.json", "*.safetensors", "*.model", "*.txt", "*.tiktoken", "*.jinja")
+
+
+def fetch(model: str | os.PathLike) -> Path:
+    """The folder of ``model`` on this machine, downloading a Hugging Face id into the hub cache first where it is
+    not there yet (its config, tokenizer and safetensors weights; ``HF_TOKEN`` from the environment for a gated one).
+
+    What a lab that reads a model's files before any server has pulled it calls (quantization, on a fresh Colab
+    runtime). Refused, saying what to do, for a path that does not exist, for one of this project's own ids that is
+    not cached, and under ``HF_HUB_OFFLINE=1`` (the CPU profile's machines: nothing is downloaded there).
+
+    Introduced in lab 12 (FP8 as the Default).
+    """
+    found = local_path(model)
+    if found is not None:
+        return Path(found)
+    text = str(model)
+    if _looks_like_path(text) or is_local_id(text):
+        resolve(text)  # raises with what to do
+    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"):
+        raise FileNotFoundError(f"{text!r} is not in the hub cache ({settings.hub_cache_dir()}) and HF_HUB_OFFLINE is "
+                                "set, so it cannot be downloaded: unset HF_HUB_OFFLINE on a machine with internet, or "
+                                "pass a local folder.")
+    from huggingface_hub import snapshot_download
+
+    print(f"downloading {text} from Hugging Face into {settings.hub_cache_dir()} (once)...", file=sys.stderr)
+    return Path(snapshot_download(text, allow_patterns=list(FETCH_PATTERNS)))
 
 
 def offline_env(model: str) -> dict[str, str]:

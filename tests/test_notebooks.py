@@ -1,24 +1,18 @@
 """Every lab follows the skeleton (ci/notebooks.py check), and the checker itself catches what it should."""
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 
+from tests.scripts import load
+
 ROOT = Path(__file__).resolve().parent.parent
 LABS = sorted((ROOT / "labs").glob("*.ipynb"))
 
 
-def _load(name):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "ci" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-notebooks = _load("notebooks")
-run_sequence = _load("run_sequence")
+notebooks = load("ci/notebooks.py")
+run_sequence = load("ci/run_sequence.py")
 
 
 @pytest.mark.parametrize("path", LABS, ids=lambda p: p.name)
@@ -99,3 +93,28 @@ def test_run_sequence_selects_labs_by_number():
     labs = [Path(f"{n:02d}_x.ipynb") for n in range(1, 12)]
     assert [p.name[:2] for p in run_sequence.select(labs, "01-03,09")] == ["01", "02", "03", "09"]
     assert run_sequence.select(labs, None) == labs
+
+
+def _code(path: Path) -> str:
+    return "\n".join("".join(c["source"]) for c in json.loads(path.read_text())["cells"] if c["cell_type"] == "code")
+
+
+def test_a_bandwidth_called_measured_is_measured_on_this_device():
+    """Lab 24 called the catalog's bandwidth "this device's measured": its ceiling now comes from sizing.measure."""
+    code = _code(next(p for p in LABS if p.name.startswith("24_")))
+    assert "bw_ceiling = measured_hw.memory_bandwidth" in code and "measured_hw = sizing.measure(" in code
+    assert "bw_ceiling = sizing.HARDWARE" not in code
+
+
+@pytest.mark.parametrize("path", [p for p in LABS if int(p.name[:2]) >= 12], ids=lambda p: p.name)
+def test_labs_that_need_outside_tools_check_them_before_they_start(path):
+    """A lab whose plan names tools calls tools.require(PLAN.tools) before any fleet import (which needs PyYAML) and
+    before its first server: a missing tool stops it at once, saying how to install it on this route."""
+    from helpers import plan
+
+    code = _code(path)
+    if not plan.lab(path.name[:2], "cpu", quick=True).tools:
+        return
+    at = code.index("tools.require(PLAN.tools)")
+    for later in ("from helpers.fleet", "from helpers import fleet", "server.start(", "start_replica"):
+        assert later not in code or code.index(later) > at, (path.name, later)

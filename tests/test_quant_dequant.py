@@ -256,3 +256,25 @@ def test_serve_swaps_plain_weights_into_a_swappable_server_and_starts_anything_e
 
     with pytest.raises(ValueError, match="got the keys"):
         quant.serve(prof, {"engine": {}, "granularity": "channel"})
+
+
+def test_discard_deletes_copies_of_a_model_and_keeps_builds_unless_asked(tmp_path, monkeypatch):
+    """A lab deletes the copies it made once measured (a dequantized 8B model is 32 GB of float32); llm-compressor's
+    builds, which later labs reuse, go only when asked, and KEEP_BUILDS keeps everything."""
+    monkeypatch.setenv("LABS_CACHE", str(tmp_path))
+
+    def made(kind: str, name: str) -> quant.Checkpoint:
+        path = quant.cache.cached(name, "k" * 16)
+        path.mkdir(parents=True)
+        (path / "model.safetensors").write_bytes(b"x" * 1000)
+        ck = quant.Checkpoint(path=path, name=name, kind=kind, key="k" * 16, source_model="m", recipe={}, seconds=0.0,
+                              bytes_on_disk=1000, weight_bytes=1000)
+        (path / quant.cache.METADATA).write_text(json.dumps(ck.to_json()))
+        return ck
+
+    fake, plain, build = made("fake-quantized", "a"), made("dequantized", "b"), made("compressed-tensors", "c")
+    assert quant.discard(fake, plain, build, keep=True) == 0 and fake.path.exists()
+    assert quant.discard(fake, plain, build, None) >= 2000
+    assert not fake.path.exists() and not plain.path.exists() and build.path.exists()
+    assert quant.discard(build, builds=True) >= 1000 and not build.path.exists()
+    assert quant.discard(build, builds=True) == 0  # already gone: nothing to do

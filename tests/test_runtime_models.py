@@ -178,3 +178,32 @@ def test_default_model_resolves_by_hub_id_offline_as_a_gpu_model_would():
     assert path == str(models.default_model(quiet=True)) and layers == "30" and int(vocab) == 49152
     assert models.local_path(models.DEFAULT_ID) == models.default_model(quiet=True)
     assert models.local_path("no-such-org/no-such-model") is None
+
+
+def test_quantization_fetches_a_hub_model_a_fresh_runtime_has_not_downloaded_yet(tmp_path, monkeypatch):
+    """Labs 12-14 and 17 read the model's files before any server pulled it: every Colab badge opens a fresh runtime,
+    and `quant.model_dir` used to refuse ('quantization never downloads'). It downloads now, except offline."""
+    import huggingface_hub
+
+    from helpers import quant
+
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf" / "hub"))
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    calls = []
+
+    def fake_download(repo_id, allow_patterns=None, **kw):
+        calls.append((repo_id, tuple(allow_patterns or ())))
+        snap = tmp_path / "hf" / "hub" / "snap"
+        snap.mkdir(parents=True, exist_ok=True)
+        (snap / "config.json").write_text("{}")
+        return str(snap)
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", fake_download)
+    got = quant.model_dir("Qwen/Qwen2.5-1.5B-Instruct")
+    assert (got / "config.json").is_file() and calls == [("Qwen/Qwen2.5-1.5B-Instruct", models.FETCH_PATTERNS)]
+    assert "*.safetensors" in calls[0][1] and not any("original" in p or p.endswith(".pth") for p in calls[0][1])
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(FileNotFoundError, match="HF_HUB_OFFLINE"):
+        quant.model_dir("meta-llama/Llama-3.1-8B-Instruct")
+    assert len(calls) == 1

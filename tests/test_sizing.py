@@ -426,7 +426,7 @@ def test_workload_concurrency(vllm_kv):
 
 # ---------------------------------------------------------------------------------- hardware
 def test_hardware_catalog_is_dense_datasheet_figures():
-    assert set(HARDWARE) == {"h100", "h200", "b200", "a100", "l4", "t4", "a10g", "cpu"}
+    assert set(HARDWARE) == {"h100", "h200", "h200-measured", "b200", "a100", "l4", "t4", "a10g", "cpu"}
     h100 = HARDWARE["h100"]
     assert h100.bf16_flops == 989.5e12 and h100.fp8_flops == 2 * h100.bf16_flops and h100.fp4_flops is None
     assert h100.memory_bandwidth == 3.35e12 and h100.ridge_point() == pytest.approx(295.4, abs=0.1)
@@ -438,12 +438,27 @@ def test_hardware_catalog_is_dense_datasheet_figures():
     from helpers import cost
 
     for key, hw in HARDWARE.items():
-        assert hw.price_per_hour is None and hw.source and not hw.measured  # prices live in helpers.cost
+        assert hw.price_per_hour is None and hw.source  # prices live in helpers.cost
+        assert hw.measured == key.endswith("-measured")  # a datasheet's figures, unless named for a measurement
         assert cost.price(key).usd_per_hour > 0
         assert hw.flops_for("bf16") < 3e15  # dense, not the sparse figure
     assert sizing.hardware("NVIDIA H100 80GB HBM3") is h100
     assert sizing.hardware("NVIDIA A10G") is HARDWARE["a10g"]
     assert HARDWARE["l4"].with_price(0.5).price_per_hour == 0.5
+
+
+def test_the_h200s_achievable_rates_sit_beside_its_datasheet_with_their_source():
+    """What one real H200 did (shared/notes/h200-measured.md): decode matmuls read weights at 3.47 TB/s at batch 1,
+    bf16 matmuls ran at 769 TFLOP/s, FP8 at 1,141. A roofline on them is 72% / 78% / 58% of the datasheet's."""
+    sheet, real = HARDWARE["h200"], HARDWARE["h200-measured"]
+    assert real.measured and "2026-12-04" in real.source and not sheet.measured
+    assert real.memory_bandwidth / sheet.memory_bandwidth == pytest.approx(3.47 / 4.8)
+    assert real.bf16_flops / sheet.bf16_flops == pytest.approx(0.777, abs=0.001)
+    assert real.fp8_flops / sheet.fp8_flops == pytest.approx(0.577, abs=0.001)
+    cfg = sizing.load_config("llama-3.1-8b")
+    # the measured Llama-8B decode step at batch 1 (4.63 ms, matmuls only) against each roofline
+    step = lambda hw: sizing.decode_step_time(cfg, hw, 1, 1).time  # noqa: E731
+    assert step(sheet) < step(real) < 4.63e-3 * 1.05
 
 
 def test_measure_cpu_is_quick_and_plausible():

@@ -27,11 +27,12 @@ from typing import Any
 
 from .. import runtime
 from . import capstone, phase1, phase2, phase3, phase4  # noqa: F401 - each registers its labs' planners
+from . import resources
 from .core import (EFFICIENCY, GPU_OVERHEAD_GIB, LABS, TINY_MOE, TINY_TP, LabPlan, PlanError, fits_context,
                    predicted_e2e_s)
 
-__all__ = ["LabPlan", "PlanError", "lab", "plans", "LABS", "predicted_e2e_s", "EFFICIENCY", "GPU_OVERHEAD_GIB",
-           "TINY_TP", "TINY_MOE", "main"]
+__all__ = ["LabPlan", "PlanError", "lab", "plans", "disk_table", "LABS", "predicted_e2e_s", "EFFICIENCY",
+           "GPU_OVERHEAD_GIB", "TINY_TP", "TINY_MOE"]
 
 
 def lab(number: str, profile: runtime.Profile | str, quick: bool | None = None) -> LabPlan:
@@ -48,8 +49,19 @@ def lab(number: str, profile: runtime.Profile | str, quick: bool | None = None) 
         raise KeyError(f"no plan for lab {number}; plans exist for {', '.join(sorted(LABS))}")
     q = _quick() if quick is None else quick
     raw = LABS[number](prof, q)
+    servers, together = raw.pop("servers", None), raw.pop("together", False)
     p = LabPlan(lab=number, profile=prof.name, model=raw.pop("model", prof.model), **raw)
     p.checks.insert(0, fits_context(p.max_request_tokens, p.max_model_len, "the longest request"))
+    if servers is None:  # one server at a time, at the plan's lowest utilization: the plan's fit check covers it
+        servers = [resources.server("the lab's server", prof, p.max_model_len, model=p.model,
+                                    utilization=p.min_gpu_memory_utilization)]
+        p.servers_on_card, _ = resources.servers_on_card(prof, servers)
+    else:
+        p.servers_on_card, fits = resources.servers_on_card(prof, servers, together)
+        p.checks.extend(fits)
+    if p.calibration is not None:
+        p.checks.append(resources.calibration_check(p.calibration))
+    p.disk_bytes = p.disk_bytes or resources.disk()
     if not p.ok:
         failed = "\n  ".join(c["claim"] for c in p.checks if not c["ok"])
         raise PlanError(f"lab {number}'s plan does not fit profile {prof.name}:\n  {failed}")
@@ -68,12 +80,35 @@ def plans(profile: runtime.Profile | str, quick: bool = False) -> dict[str, Any]
             "labs": {n: lab(n, prof, quick).as_dict() for n in sorted(LABS)}}
 
 
+def disk_table() -> str:
+    """The disk each profile's full sequence needs, as the README's Markdown table: what stays (models in the hub
+    cache, the checkpoints later labs reuse) and the largest thing one lab writes and deletes again.
+
+    Introduced in lab 12 (FP8 as the Default).
+    """
+    rows = ["| profile | stays after the labs | largest written and deleted by one lab | disk to have free |",
+            "|---|---|---|---|"]
+    for name in runtime.PROFILES:
+        plans_ = [lab(n, name, quick=False) for n in sorted(LABS)]
+        d = resources.disk_total(plans_)
+        biggest = max(plans_, key=lambda q: q.disk_bytes["peak"] - q.disk_bytes["kept"])
+        rows.append(f"| {name} | {d['kept'] / 1e9:.1f} GB | {d['largest_transient'] / 1e9:.1f} GB (lab {biggest.lab}) | "
+                    f"{d['need'] / 1e9:.0f} GB |")
+    return "\n".join(rows)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m helpers.plan", description=__doc__.split("\n\n")[0])
-    ap.add_argument("profile", choices=sorted(runtime.PROFILES))
+    ap.add_argument("profile", choices=sorted(runtime.PROFILES), nargs="?")
     ap.add_argument("--quick", action="store_true", help="the CI-sized plans (LABS_QUICK=1)")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--disk", action="store_true", help="the disk every profile's labs need (the README's table)")
     a = ap.parse_args(argv)
+    if a.disk:
+        print(disk_table())
+        return 0
+    if a.profile is None:
+        ap.error("name a profile (or --disk)")
     try:
         out = plans(a.profile, a.quick)
     except PlanError as e:

@@ -6,6 +6,7 @@ import math
 from typing import Any
 
 from .. import runtime, sizing
+from . import resources as res
 from .core import GPU_OVERHEAD_GIB, fits_context, geometric, gpu, gpu_fit, model_config, register
 
 # ------------------------------------------------------------------------------------------ capstone
@@ -40,6 +41,7 @@ def _lab24(p: runtime.Profile, quick: bool) -> dict[str, Any]:
                        "fault_concurrency": fault_concurrency, "fault_requests": 2 * fault_concurrency,
                        "small_kv_bytes": small_kv, "safety": 1.3,
                        "brief_models": ["llama-3.1-70b"], "brief_cards": ["h100", "h200"]},
+            "tools": res.tools("PyYAML"),
             "checks": [fits_context(request, max_len, "a request of the scaled workload"),
                        {"claim": f"the planted small KV pool (~{small_tokens:,} tokens) holds fewer than "
                                  f"{fault_concurrency} requests of {request:,} tokens, so the fault shows",

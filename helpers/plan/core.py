@@ -33,6 +33,10 @@ class LabPlan:
     ``max_model_len``: the longest context the lab's servers take; ``max_request_tokens``: its longest prompt +
     output; ``min_gpu_memory_utilization``: the lowest utilization it starts a server at (``None`` on CPU);
     ``min_run_s``: its shortest measured run (0 when it measures single requests only); ``values``: the rest.
+    What it asks of the machine besides time (:mod:`helpers.plan.resources`): ``formats`` (each format the lab
+    asks the server for, served here or not and why), ``disk_bytes`` (what it writes: ``peak``, ``kept`` after
+    it, ``items``), ``calibration`` (text a quantization build packs, against what ships; ``None``: no build),
+    ``servers_on_card`` (the servers it runs at once and each one's KV bytes) and ``tools`` (outside its packages).
 
     Introduced in lab 01 (One GPU, One Model).
     """
@@ -46,6 +50,11 @@ class LabPlan:
     min_run_s: float
     values: dict[str, Any] = field(default_factory=dict)
     checks: list[dict[str, Any]] = field(default_factory=list)
+    formats: list[dict[str, Any]] = field(default_factory=list)
+    disk_bytes: dict[str, Any] = field(default_factory=dict)
+    calibration: dict[str, Any] | None = None
+    servers_on_card: list[dict[str, Any]] = field(default_factory=list)
+    tools: list[dict[str, str]] = field(default_factory=list)
 
     def __getitem__(self, key: str) -> Any:
         return self.values[key]
@@ -59,6 +68,23 @@ class LabPlan:
     @property
     def ok(self) -> bool:
         return all(c["ok"] for c in self.checks)
+
+    def supported(self, name: str) -> bool:
+        """Whether the format called ``name`` in :attr:`formats` is served on this plan's device."""
+        found = [f for f in self.formats if f["name"] == name]
+        if not found:
+            raise KeyError(f"lab {self.lab}'s plan asks for no format {name!r}: {[f['name'] for f in self.formats]}")
+        return bool(found[0]["supported"])
+
+    def keeps(self, name: str) -> bool:
+        """Whether what the lab writes for configuration ``name`` stays after it (:attr:`disk_bytes`: a later lab
+        reuses it); the lab deletes the rest."""
+        return any(i["kept"] and i["what"].split(":")[0] == name for i in self.disk_bytes.get("items", []))
+
+    def not_served(self) -> list[str]:
+        """One line per format the lab asks for that this device does not serve, with why (a lab prints them
+        before it starts, and skips those parts)."""
+        return [f"not served on this device: {f['name']}: {f['why']}" for f in self.formats if not f["supported"]]
 
 
 Planner = Callable[[runtime.Profile, bool], dict[str, Any]]

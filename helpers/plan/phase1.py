@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from .. import runtime
+from . import resources as res
 from .core import fits_context, geometric, gpu, gpu_fit, register
 
 @register("01")
@@ -13,6 +14,9 @@ def _lab01(p: runtime.Profile, quick: bool) -> dict[str, Any]:
     return {"max_model_len": p.max_model_len, "max_request_tokens": 64 + max_tokens,
             "min_gpu_memory_utilization": p.utilization if gpu(p) else None, "min_run_s": 0.0,
             "values": {"max_tokens": max_tokens},
+            "disk_bytes": res.disk(res.item(f"{p.model}: the model in the Hugging Face hub cache (every lab serves it)",
+                                            res.checkpoint_bytes(p, "plain"), "the hub cache: every lab serves it",
+                                            key=f"model:{p.model}")),
             "checks": [fits_context(64 + max_tokens, p.max_model_len, "the question and its answer"),
                        gpu_fit(p, p.utilization, p.max_model_len)]}
 

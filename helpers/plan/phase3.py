@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .. import runtime
+from .. import runtime, support
+from . import resources as res
 from .core import fits_context, gpu, gpu_fit, hardware, long_enough, register
 
 # ------------------------------------------------------------------------------------ phase 3 (labs 12-14)
@@ -15,6 +16,70 @@ def _drift_texts(quick: bool) -> int | None:
     return 16 if quick else None  # None: all 40 shipped drift texts
 
 
+#: The weight format each helpers.quant recipe writes, as helpers.support names it (tests/test_plan.py checks this
+#: against helpers.quant's recipes, which the plan cannot import: they sit above it).
+RECIPE_FORMATS = {"fp8-dynamic": "fp8", "w8a8-rtn": "int8", "w8a8-sq-gptq": "int8", "w4a16-rtn-g64": "int4",
+                  "w4a16-gptq-g64": "int4", "w4a16-gptq-noact-g64": "int4", "w4a16-awq-g64": "int4",
+                  "nvfp4": "nvfp4", "nvfp4a16": "nvfp4a16", "mxfp4": "mxfp4", "mxfp4a16": "mxfp4a16"}
+#: Recipes that read calibration text (GPTQ, AWQ, SmoothQuant; NVFP4's static activation scales).
+CALIBRATED = {"w8a8-sq-gptq", "w4a16-gptq-g64", "w4a16-gptq-noact-g64", "w4a16-awq-g64", "nvfp4"}
+
+
+def _calibration_samples(p: runtime.Profile) -> int:
+    """Rows of 256 tokens a calibrated build reads: 128 on a GPU (32,768 tokens: the shipped text holds 49,661 or
+    more for any profile's tokenizer), 64 on a CPU (helpers.quant's default; lab 14's 3-layer builds take 16)."""
+    return 128 if gpu(p) else 64
+
+
+def _ask(spec: dict[str, Any]) -> tuple[str, str]:
+    """The (kind, name) helpers.support looks a plan configuration up by."""
+    if "recipe" in spec:
+        return ("weights", "plain" if spec.get("dequantize") else RECIPE_FORMATS[spec["recipe"]])
+    if "fake" in spec:
+        return ("weights", "plain")
+    kv = spec.get("engine", {}).get("kv_cache_dtype")
+    if kv:
+        return ("kv_cache", kv)
+    return ("weights", "fp8" if spec.get("engine", {}).get("quantization") == "fp8" else "plain")
+
+
+def _served(p: runtime.Profile, configs: dict[str, dict[str, Any]]) -> tuple[dict[str, dict[str, Any]],
+                                                                             list[dict[str, Any]]]:
+    """``configs`` split into those this profile serves and the format rows of all of them (named by config). A
+    quantized build this device has no kernel for is kept: ``quant.servable`` serves its weights dequantized (the
+    row says so); engine arguments it cannot serve (an FP8 KV cache on a T4) are dropped."""
+    device, rows, keep = support.Device.of(p), [], {}
+    for name, spec in configs.items():
+        s = support.lookup(*_ask(spec), device)
+        rows.append({**s.as_dict(), "name": name})
+        if s.supported or "recipe" in spec:
+            keep[name] = spec
+    return keep, rows
+
+
+def _checkpoints(p: runtime.Profile, configs: dict[str, dict[str, Any]], kept_for: str) -> list[dict[str, Any]]:
+    """Disk items for the checkpoints ``configs`` serve: a build stays (``kept_for`` later labs reuse it, cached by
+    content), a fake-quantized or dequantized copy goes at the lab's end."""
+    out, seen = [], set()
+    for name, spec in configs.items():
+        if "recipe" in spec:
+            fmt = RECIPE_FORMATS[spec["recipe"]].replace("a16", "")
+            if ("build", spec["recipe"]) not in seen and not spec.get("dequantize"):
+                seen.add(("build", spec["recipe"]))
+                key = f"build:{spec['recipe']}:{spec.get('first_layers')}:{spec.get('samples', 'default')}"
+                out.append(res.item(f"{name}: llm-compressor checkpoint", res.checkpoint_bytes(p, fmt), kept_for, key))
+            plain = spec.get("dequantize") or not support.lookup("weights", RECIPE_FORMATS[spec["recipe"]],
+                                                                 support.Device.of(p)).native
+            if plain and ("plain", spec["recipe"]) not in seen:  # one dequantized copy per build
+                seen.add(("plain", spec["recipe"]))
+                out.append(res.item(f"{name}: weights multiplied back out (float32)", res.checkpoint_bytes(
+                    p, "dequantized")))
+        elif "fake" in spec:
+            out.append(res.item(f"{name}: fake-quantized copy", res.checkpoint_bytes(p, "plain"),
+                                key=f"fake:{sorted(spec.items())}"))
+    return out
+
+
 @register("12")
 def _lab12(p: runtime.Profile, quick: bool) -> dict[str, Any]:
     if gpu(p) and hardware(p).fp8_flops:  # FP8 tensor cores (Ada, Hopper, Blackwell): vLLM quantizes at load
@@ -22,26 +87,36 @@ def _lab12(p: runtime.Profile, quick: bool) -> dict[str, Any]:
     else:  # no FP8 compute: the format's accuracy through fake quantization
         weights = {"FP8 E4M3 weights (fake-quantized)": {"fake": "fp8_e4m3"},
                    "FP8 E5M2 weights (fake-quantized)": {"fake": "fp8_e5m2"}}
+    served, rows = _served(p, {**weights, "FP8 KV cache": {"engine": {"kv_cache_dtype": "fp8"}}})
     return {"max_model_len": p.max_model_len, "max_request_tokens": 512,
             "min_gpu_memory_utilization": p.utilization if gpu(p) else None, "min_run_s": 0.0,
             "values": {"weights": weights, "kv_cache_dtype": "fp8", "drift_texts": _drift_texts(quick),
                        "sample_layers": 3, "sample_weights": 2**18 if quick else 2**20,
                        "greedy_prompts": 4 if quick else 8, "greedy_tokens": 32},
+            "formats": rows, "disk_bytes": res.disk(*_checkpoints(p, weights, None)),
             "checks": [gpu_fit(p, p.utilization, p.max_model_len)]}
 
 
 @register("13")
 def _lab13(p: runtime.Profile, quick: bool) -> dict[str, Any]:
-    if gpu(p):  # llm-compressor's own checkpoints: served natively on Blackwell, dequantized elsewhere
-        formats = {"NVFP4": {"recipe": "nvfp4" if hardware(p).fp4_flops else "nvfp4a16"},
-                   "MXFP4": {"recipe": "mxfp4" if hardware(p).fp4_flops else "mxfp4a16"}}
-    else:
-        formats = {"NVFP4": {"fake": "nvfp4"}, "MXFP4": {"fake": "mxfp4"}}
+    # llm-compressor's own checkpoints where vLLM serves them: W4A4 on Blackwell's FP4 tensor cores, the weight-only
+    # variant (Marlin) from compute capability 7.5 (NVFP4) or 8.0 (MXFP4); elsewhere, and on a CPU, the format's
+    # accuracy through fake quantization (the lab prints why)
+    fp4 = bool(hardware(p).fp4_flops)
+    wanted = {"NVFP4": {"recipe": "nvfp4" if fp4 else "nvfp4a16"}, "MXFP4": {"recipe": "mxfp4" if fp4 else "mxfp4a16"}}
+    _, rows = _served(p, wanted)
+    formats = {name: spec if gpu(p) and row["supported"] else {"fake": name.lower()}
+               for (name, spec), row in zip(wanted.items(), rows)}
+    cal = res.calibration(p, _calibration_samples(p)) if any(
+        s.get("recipe") in CALIBRATED for s in formats.values()) else None
     return {"max_model_len": p.max_model_len, "max_request_tokens": 512,
             "min_gpu_memory_utilization": p.utilization if gpu(p) else None, "min_run_s": 0.0,
             "values": {"formats": formats, "block_sizes": [8, 16, 32, 64, 128], "scale_formats": ["fp32", "e4m3", "e8m0"],
                        "sample_layers": 2 if quick else 4, "sample_weights": 2**18 if quick else 2**20,
-                       "drift_texts": _drift_texts(quick)},
+                       "drift_texts": _drift_texts(quick), "calibration_samples": _calibration_samples(p)},
+            "formats": rows, "calibration": cal,
+            "disk_bytes": res.disk(*_checkpoints(p, formats, None)),
+            "tools": res.tools("llm-compressor") if any("recipe" in s for s in formats.values()) else [],
             "checks": [gpu_fit(p, p.utilization, p.max_model_len)]}
 
 
@@ -58,11 +133,22 @@ def _lab14(p: runtime.Profile, quick: bool) -> dict[str, Any]:
         configs.update({"W8A8 INT8 (SmoothQuant + GPTQ)": {"recipe": "w8a8-sq-gptq"},
                         "W4A16 GPTQ without act-order, group 64": {"recipe": "w4a16-gptq-noact-g64", **first},
                         "INT4 round to nearest, per channel": {"fake": "int4", "granularity": "channel", **first}})
+    samples = 16 if not gpu(p) else _calibration_samples(p)
+    awq = {"recipe": "w4a16-awq-g64", **first}
+    _, rows = _served(p, {**configs, "W4A16 AWQ, group 64": awq})
+    # lab 15 and 17 reuse the 8-bit build (and on a GPU the 4-bit GPTQ one, the same recipe over the same samples)
+    reused = {"W8A8 INT8 (round to nearest)"} | ({"W4A16 GPTQ, group 64"} if gpu(p) else set())
+    items = [dict(i, kept="reused by labs 15 and 17 (cached by content)" if i["what"].split(":")[0] in reused and
+                  i["kept"] else None) for i in _checkpoints(p, {**configs, "W4A16 AWQ, group 64": awq}, "kept")]
     return {"max_model_len": p.max_model_len, "max_request_tokens": 128 + 64,
             "min_gpu_memory_utilization": p.utilization if gpu(p) else None, "min_run_s": 0.0,
-            "values": {"configs": configs, "awq": {"recipe": "w4a16-awq-g64", **first},
-                       "calibration_samples": 16 if not gpu(p) else 128, "drift_texts": _drift_texts(quick),
+            "values": {"configs": configs, "awq": awq,
+                       # llm-compressor 0.14's AWQ needs a CUDA torch: it must build on a GPU, cannot on a CPU
+                       "awq_builds": gpu(p),
+                       "calibration_samples": samples, "drift_texts": _drift_texts(quick),
                        "speed_input": 128, "speed_output": 32 if quick else 64, "speed_requests": 3 if quick else 8},
+            "formats": rows, "calibration": res.calibration(p, samples), "disk_bytes": res.disk(*items),
+            "tools": res.tools("llm-compressor"),
             "checks": [fits_context(128 + 64, p.max_model_len, "a speed probe"),
                        gpu_fit(p, p.utilization, p.max_model_len)]}
 
@@ -83,11 +169,19 @@ def _quant_candidates(p: runtime.Profile, quick: bool) -> dict[str, dict[str, An
     out["MXFP4 weights (fake-quantized)"] = {"fake": "mxfp4"}
     if not quick:
         out["INT4 weights, group 64 (fake-quantized)"] = {"fake": "int4", "granularity": "group", "group_size": 64}
-        out["W4A16 GPTQ, group 64"] = {"recipe": "w4a16-gptq-g64"}
+        out["W4A16 GPTQ, group 64"] = {"recipe": "w4a16-gptq-g64", "samples": _calibration_samples(p)}
         out["FP8 KV cache"] = {"engine": {"kv_cache_dtype": "fp8"}}
         if gpu(p) and hw.fp4_flops:
-            out["NVFP4 (W4A4)"] = {"recipe": "nvfp4"}
+            out["NVFP4 (W4A4)"] = {"recipe": "nvfp4", "samples": _calibration_samples(p)}
     return out
+
+
+#: Lab 15's worked example: 4-bit weights whose damage the task average cannot see on a CI-sized task set.
+WORKED_EXAMPLE = "MXFP4 weights (fake-quantized)"
+
+
+#: Bytes of the draft models the plans download (the repository's safetensors and config, as listed on the hub).
+_DRAFT_BYTES = {"yuhuili/EAGLE3-LLaMA3.1-Instruct-8B": 850_000_000}
 
 
 def _spec_configs(p: runtime.Profile, k: int) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
@@ -113,11 +207,20 @@ def _lab15(p: runtime.Profile, quick: bool) -> dict[str, Any]:
         lengths = [2048, min(8192, top)] if quick else [4096, min(16384, top), top]
     else:
         lengths = [512, 2048] if quick else [512, 2048, 4096]
+    candidates, rows = _served(p, _quant_candidates(p, quick))
+    cal = res.calibration(p, _calibration_samples(p)) if any(
+        s.get("recipe") in CALIBRATED for s in candidates.values()) else None
     return {"max_model_len": p.max_model_len, "max_request_tokens": lengths[-1] + 64,
             "min_gpu_memory_utilization": p.utilization if gpu(p) else None, "min_run_s": 0.0,
-            "values": {"candidates": _quant_candidates(p, quick), "limit": 8 if quick else None,
+            "values": {"candidates": candidates, "limit": 8 if quick else None,
+                       # the 8-bit candidate (first) and the 4-bit worked example, named: the check compares them
+                       "eight_bit": next(iter(candidates)), "worked_example": WORKED_EXAMPLE,
                        "lengths": lengths, "haystacks": 1 if quick else 2, "drift_texts": 16 if quick else None,
                        "gate": {"max_task_drop": 0.05, "max_kl": 0.05, "min_top1": 0.90, "max_long_drop": 0.25}},
+            "formats": rows, "calibration": cal,
+            "disk_bytes": res.disk(*_checkpoints(p, candidates, "reused by lab 17 (cached by content)")),
+            "tools": res.tools("lm-eval", *(["llm-compressor"] if any("recipe" in s for s in candidates.values())
+                                            else [])),
             "checks": [fits_context(lengths[-1] + 64, p.max_model_len, "the longest haystack and its question"),
                        gpu_fit(p, p.utilization, lengths[-1] + 64)]}
 
@@ -133,6 +236,10 @@ def _lab16(p: runtime.Profile, quick: bool) -> dict[str, Any]:
             "values": {"k": k, "speculative": served, "not_served": not_served, "output_len": out,
                        "requests_at_1": 3 if quick else 8, "concurrency": conc,
                        "temperature": {"copy": 0.0, "open": 0.8}},
+            "formats": res.formats(p, *[("speculative", s["method"]) for s in served.values()]),
+            "disk_bytes": res.disk(*[res.item(f"{n}: draft model (hub cache)", _DRAFT_BYTES[s["model"]],
+                                              "the Hugging Face hub cache", key=f"model:{s['model']}")
+                                     for n, s in served.items() if s.get("model")]),
             "checks": [fits_context(256 + out, p.max_model_len, "a prompt and its answer"),
                        gpu_fit(p, p.utilization, 256 + out, conc[-1])]}
 
@@ -168,6 +275,10 @@ def _lab17(p: runtime.Profile, quick: bool) -> dict[str, Any]:
                        "speculative": {"name": next(iter(served)), **next(iter(served.values()))},
                        "device": p.hardware, "compare_devices": ["h200", "b200"],
                        "compare_model": "llama-3.1-8b", "compare_context": 2048},
+            "formats": _served(p, {quant[0]: quant[1]})[1] + res.formats(
+                p, *[("speculative", s["method"]) for s in served.values()]),
+            "disk_bytes": res.disk(*_checkpoints(p, {quant[0]: quant[1]}, "the deliverable's checkpoint")),
+            "tools": res.tools("lm-eval", *(["llm-compressor"] if "recipe" in quant[1] else [])),
             "checks": [fits_context(256 + out, p.max_model_len, "a prompt and its answer"),
                        gpu_fit(p, p.utilization, 256 + out, 64),
                        long_enough(p, probe_s, 256, out, batch=8, what="each probe of the search"),

@@ -4,9 +4,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from .. import runtime
+from .. import runtime, sizing
+from . import resources as res
 from .core import (TINY_MOE, TINY_TP, fits_context, fleet_model, gpu, gpu_fit, kv_per_token, long_enough, register,
                    shared_gpu_fit)
+
+def _model_download(p: runtime.Profile, model: str) -> list[dict[str, Any]]:
+    """The disk item for a fleet lab's smaller model (two copies of the profile's do not fit one card), if it is one."""
+    if model == p.model:
+        return []
+    return [res.item(f"{model}: the fleet's model in the Hugging Face hub cache", res.checkpoint_bytes(p, "plain", model),
+                     "the hub cache: labs 20-23 serve it", key=f"model:{model}")]
+
 
 @register("18")
 def _lab18(p: runtime.Profile, quick: bool) -> dict[str, Any]:
@@ -18,6 +27,8 @@ def _lab18(p: runtime.Profile, quick: bool) -> dict[str, Any]:
     per_token = kv_per_token(p, model)
     return {"max_model_len": max_len, "max_request_tokens": inp + out,
             "min_gpu_memory_utilization": p.utilization if gpu(p) else None, "min_run_s": 0.0, "model": model,
+            "formats": res.formats(p, ("parallel", "tp=1"), ("parallel", "tp=2")),
+            "tools": res.tools("PyYAML"),
             "values": {"tp_model": model, "tp_sizes": [1, 2], "input_len": inp, "output_len": out, "batches": batches,
                        "kv_cache_memory_bytes": kv_bytes, "repeats": 2 if quick else 3,
                        "allreduce_sizes": [4096, 65536, 1 << 20, 4 << 20],
@@ -45,6 +56,7 @@ def _lab19(p: runtime.Profile, quick: bool) -> dict[str, Any]:
                        "compare_texts": 4, "ep_sizes": [2, 4, 8],
                        "catalog": ["mixtral-8x7b", "qwen3-30b-a3b", "gpt-oss-20b", "deepseek-v3"],
                        "ep_model": "Qwen/Qwen3-30B-A3B", "ep_gpus": 8},
+            "tools": res.tools("PyYAML", "kubernetes-validate"),
             "checks": [fits_context(inp + out, 2048, "each request")]}
 
 
@@ -54,30 +66,58 @@ def _lab20(p: runtime.Profile, quick: bool) -> dict[str, Any]:
         ([2048, 8192] if quick else [1024, 4096, 16384, 32768])
     lengths = [n for n in lengths if n + 64 <= p.max_model_len]
     model = fleet_model(p)
-    return {"max_model_len": p.max_model_len, "max_request_tokens": lengths[-1] + 16,
-            "min_gpu_memory_utilization": round(p.utilization / 2, 3) if gpu(p) else None, "min_run_s": 0.0,
-            "model": model,
-            "values": {"prompt_lengths": lengths, "output_len": 16, "repeats": 2 if quick else 3,
+    repeats, out = (2 if quick else 3), 16
+    # Each server's context and KV pool fixed to what the lab sends: two servers share one card, and vLLM's memory
+    # profiler counts the card's free memory, so each would see the other's weights (loading beside it) as its own,
+    # leaving an H100 ~4 GiB of KV where max_model_len 131,072 needs 16 GiB. Fixed KV bytes skip the profiler.
+    max_len = min(p.max_model_len, -(-(lengths[-1] + 64) // 256) * 256)
+    per_token = kv_per_token(p, model)
+    kv_bytes = 2 * max_len * per_token
+    util = round(p.utilization / 2, 3) if gpu(p) else None
+    servers = [res.server(name, p, max_len, utilization=util, kv_bytes=kv_bytes, model=model)
+               for name in ("prefill (kv_producer)", "decode (kv_consumer)")]
+    store = 2 * repeats * sum(lengths) * per_token  # every prompt's KV, through P/D and on one server (a producer)
+    return {"max_model_len": max_len, "max_request_tokens": lengths[-1] + out,
+            "min_gpu_memory_utilization": util, "min_run_s": 0.0, "model": model,
+            "values": {"prompt_lengths": lengths, "output_len": out, "repeats": repeats,
                        "decoders": 2 if quick else 4, "decode_output": 64 if quick else 128,
+                       "kv_cache_memory_bytes": kv_bytes,
                        "links": ["nvlink4", "pcie5", "ib_ndr", "ethernet_100g"]},
-            "checks": [fits_context(lengths[-1] + 16, p.max_model_len, "the longest prompt"),
-                       shared_gpu_fit(p, 2, lengths[-1] + 16, model)]}
+            "servers": servers, "together": True,
+            "formats": res.formats(p, ("connector", "ExampleConnector")),
+            "disk_bytes": res.disk(res.item(f"the KV store: {2 * repeats * len(lengths)} prompts' blocks", store),
+                                   *_model_download(p, model), one_at_a_time=False),
+            "tools": res.tools("PyYAML", "vllm-router"),
+            "checks": [fits_context(lengths[-1] + out, max_len, "the longest prompt"),
+                       shared_gpu_fit(p, 2, max_len, model)]}
 
 
 @register("21")
 def _lab21(p: runtime.Profile, quick: bool) -> dict[str, Any]:
     prompt = 1024 if not gpu(p) else min(8192, p.max_model_len // 2)
-    per_token = kv_per_token(p)
+    model = fleet_model(p)  # two servers share the card: a smaller model where two copies of the profile's do not fit
+    per_token = kv_per_token(p, model)
     prompts_in_cache = 3
     cache_tokens = prompts_in_cache * (prompt + 256)
     # max_model_len well inside the pool: vLLM needs one whole request's blocks free (measured: a 3,840-token pool
     # held 3,712 tokens of requests, so max_model_len = the pool failed to start)
-    return {"max_model_len": min(p.max_model_len, prompt + 256), "max_request_tokens": prompt + 16,
-            "min_gpu_memory_utilization": p.utilization if gpu(p) else None, "min_run_s": 0.0,
-            "values": {"prompt": prompt, "output": 8, "flush_prompts": prompts_in_cache + 2,
+    repeats, flush = (2 if quick else 4), prompts_in_cache + 2
+    max_len = min(p.max_model_len, prompt + 256)
+    util = round(p.utilization / 2, 3) if gpu(p) else None  # two servers, each on half the card
+    servers = [res.server(name, p, max_len, utilization=util, kv_bytes=cache_tokens * per_token, model=model)
+               for name in ("no tier", "disk tier (kv_both)")]
+    return {"max_model_len": max_len, "max_request_tokens": prompt + 16,
+            "min_gpu_memory_utilization": util, "min_run_s": 0.0, "model": model,
+            "values": {"prompt": prompt, "output": 8, "flush_prompts": flush,
                        "kv_cache_memory_bytes": cache_tokens * per_token, "cache_tokens": cache_tokens,
-                       "kv_bytes_per_token": per_token, "repeats": 2 if quick else 4,
+                       "kv_bytes_per_token": per_token, "repeats": repeats,
                        "tiers": ["pcie5", "nvme_gen4", "object_store"]},
+            "servers": servers, "together": True,
+            "formats": res.formats(p, ("connector", "ExampleConnector")),
+            "disk_bytes": res.disk(res.item(f"the disk tier: {repeats + flush} prompts' blocks",
+                                            (repeats + flush) * prompt * per_token), *_model_download(p, model),
+                                   one_at_a_time=False),
+            "tools": res.tools("PyYAML"),
             "checks": [fits_context(prompt + 16, min(p.max_model_len, prompt + 256), "the reused prompt"),
                        {"claim": f"{prompts_in_cache + 2} flush prompts of {prompt:,} tokens overflow a cache of "
                                  f"{cache_tokens:,} tokens, so the reused prompt is evicted",
@@ -100,9 +140,14 @@ def _lab22(p: runtime.Profile, quick: bool) -> dict[str, Any]:
     per_token = kv_per_token(p, model)
     kv_bytes = cache_tokens * per_token
     max_len = min(p.max_model_len, 2 * request, cache_tokens)
+    util = round(p.utilization / 2, 3) if gpu(p) else None
     return {"max_model_len": max_len, "max_request_tokens": request,
-            "min_gpu_memory_utilization": round(p.utilization / 2, 3) if gpu(p) else None,
+            "min_gpu_memory_utilization": util,
             "min_run_s": scale["capacity_s"], "model": model,
+            "servers": [res.server(f"replica {i}", p, max_len, utilization=util, kv_bytes=kv_bytes, model=model)
+                        for i in (0, 1)], "together": True, "disk_bytes": res.disk(*_model_download(p, model)),
+            "tools": res.tools("PyYAML", "vllm-router", "prometheus", "kubernetes-validate", "jsonschema",
+                               "crd-schemas"),
             "values": {"replicas": 2, "prefix_len": prefix, "suffix_len": suffix, "output_len": out,
                        "num_prefixes": prefixes, "per_prefix": per, "concurrency": 2,
                        "cache_tokens": cache_tokens, "kv_bytes_per_token": per_token,
@@ -147,6 +192,8 @@ def _lab23(p: runtime.Profile, quick: bool) -> dict[str, Any]:
     return {"max_model_len": replica["max_model_len"], "max_request_tokens": request,
             "min_gpu_memory_utilization": round(p.utilization / 2, 3) if gpu(p) else None,
             "min_run_s": phases["capacity_s"], "model": model,
+            "servers": fleet_["servers"], "together": True,
+            "tools": res.tools("PyYAML", "vllm-router", "prometheus", "promtool", "grafana-foundation-sdk"),
             "values": {**load, **phases, **slo, "replica": replica, "calm": calm, "overload": overload,
                        "fixed_replicas": fixed_replicas,
                        # a quarter of the batch waiting: crossed within seconds of the overload starting (measured on

@@ -22,7 +22,7 @@
 """
 
 from .build import DEFAULT_SAMPLES, DEFAULT_SEQ_LEN, QuantBuildError, build, default_calibration, model_dir
-from .cache import Checkpoint
+from .cache import Checkpoint, discard
 from .env import QuantEnvMissing, llmcompressor_version, quant_python, quant_torch_version
 from .dequant import dequantize_module, dequantized_checkpoint, servable
 from .fake import FAKE_DEFAULTS, fake_quantized_checkpoint
@@ -31,7 +31,7 @@ from .formats import (FORMATS, ErrorStats, FloatSpec, Quantized, error_stats, fa
                       nvfp4_global_scale, quantize, round_to_grid)
 from .recipes import (FP8_DYNAMIC, MXFP4, MXFP4A16, NVFP4, NVFP4A16, RECIPES, W4A16_AWQ, W4A16_GPTQ,
                       W4A16_GPTQ_NO_ACTORDER, W4A16_RTN, W8A8_RTN, W8A8_SQ_GPTQ, Recipe, UnservableError,
-                      check_group_size, check_kv_cache_dtype, check_servable, checkpoint_format, first_layers,
+                      check_group_size, check_kv_cache_dtype, check_servable, checkpoint_format, first_layers, has_kernel,
                       linear_shapes, recipe)
 
 __all__ = [
@@ -39,9 +39,10 @@ __all__ = [
     "fake_quantize", "nvfp4_global_scale", "error_stats",
     "Recipe", "RECIPES", "recipe", "first_layers", "FP8_DYNAMIC", "W8A8_RTN", "W8A8_SQ_GPTQ", "W4A16_RTN", "W4A16_GPTQ",
     "W4A16_GPTQ_NO_ACTORDER", "W4A16_AWQ", "NVFP4", "NVFP4A16", "MXFP4", "MXFP4A16",
-    "UnservableError", "check_group_size", "check_kv_cache_dtype", "check_servable", "checkpoint_format", "linear_shapes",
+    "UnservableError", "check_group_size", "check_kv_cache_dtype", "check_servable", "has_kernel", "checkpoint_format",
+    "linear_shapes",
     "quant_python", "llmcompressor_version", "quant_torch_version", "QuantEnvMissing",
-    "Checkpoint", "build", "QuantBuildError", "default_calibration", "model_dir", "DEFAULT_SAMPLES",
+    "Checkpoint", "discard", "build", "QuantBuildError", "default_calibration", "model_dir", "DEFAULT_SAMPLES",
     "DEFAULT_SEQ_LEN", "fake_quantized_checkpoint", "FAKE_DEFAULTS", "dequantize_module", "dequantized_checkpoint",
     "servable", "serve", "serving_profile",
 ]

@@ -9,7 +9,8 @@
 Before any work: the group size is checked against the model's layer widths, and the quantization environment
 must exist. The recipe runs as ``_worker.py`` under :func:`helpers.quant.env.quant_python`, spawned with
 :class:`helpers.procs.Proc` (logged to ``settings.log_dir()``, stopped with this process), offline. Calibration
-text is the project's own (``data/calibration/mixed.jsonl``), packed into ``samples`` rows of ``seq_len`` tokens.
+text is the project's own (``data/calibration/``: :mod:`helpers.calibration`), packed into ``samples`` rows of
+``seq_len`` tokens.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from .. import calibration as _calibration
 from .. import models, procs, settings
 from . import cache
 from .env import llmcompressor_version, quant_python, quant_torch_version
@@ -44,23 +46,33 @@ class QuantBuildError(RuntimeError):
     """
 
 
-def default_calibration() -> Path:
-    """The project's calibration text, ``data/calibration/mixed.jsonl`` (written for this project; see its README).
+def default_calibration(model: str | os.PathLike | None = None,
+                        tokens: int = DEFAULT_SAMPLES * DEFAULT_SEQ_LEN) -> Path:
+    """The project's calibration text for a build of ``model`` that packs ``tokens`` tokens: ``data/calibration/
+    mixed.jsonl`` (written for this project; see its README) where it holds them, else it and the Python Language
+    Reference's prose joined (:func:`helpers.calibration.calibration_file`).
 
     Introduced in lab 14 (AWQ, GPTQ, and What Died).
     """
-    return settings.data_dir() / "calibration" / "mixed.jsonl"
+    return _calibration.calibration_file(_model_id(model), tokens)
+
+
+def _model_id(model: str | os.PathLike | None) -> str:
+    """The id :mod:`helpers.calibration`'s token table knows a model by (the default model's hub id for "default")."""
+    return models.DEFAULT_ID if model in (None, "default") else str(model)
 
 
 def model_dir(model: str | os.PathLike | None) -> Path:
-    """The local folder of ``model`` (``"default"``: the cached SmolLM2); nothing is downloaded.
+    """The local folder of ``model`` (``"default"``: the cached SmolLM2): a Hugging Face id not yet in the hub cache is
+    downloaded first (:func:`helpers.models.fetch`; a fresh Colab runtime reaches labs 12-14 before any server
+    pulled the model), except under ``HF_HUB_OFFLINE=1``.
 
     Introduced in lab 14 (AWQ, GPTQ, and What Died).
     """
-    path = models.local_path(model or "default")
-    if path is None or not (Path(path) / "config.json").is_file():
-        raise FileNotFoundError(f"{model!r} is not a model folder on this machine (quantization never downloads): "
-                                "pass a folder, 'default', or a Hugging Face id already in the hub cache.")
+    path = models.fetch(model or "default")
+    if not (Path(path) / "config.json").is_file():
+        raise FileNotFoundError(f"{model!r} resolves to {path}, which holds no config.json: pass a model folder, "
+                                "'default', or a Hugging Face id.")
     return Path(path)
 
 
@@ -91,6 +103,13 @@ def build(model: str | os.PathLike | None, r: "Recipe | str", *, calibration: st
     r = recipe(r)
     src = model_dir(model)
     check_group_size(src, r)
+    if r.needs_calibration and calibration is None:
+        have, how = _calibration.tokens_available(_model_id(model))
+        if have < samples * seq_len:
+            raise ValueError(
+                f"{r.name}: {samples} samples x {seq_len} tokens = {samples * seq_len:,} tokens of calibration text, "
+                f"and the project's holds {have:,} for {model} ({how}): ask for fewer samples or shorter ones, or "
+                "pass calibration= a longer JSONL file of {\"text\": ...} lines.")
     python = quant_python()
     if r.algorithm == "awq" and (quant_torch_version(python) or "").endswith("+cpu"):
         raise QuantBuildError(
@@ -98,9 +117,9 @@ def build(model: str | os.PathLike | None, r: "Recipe | str", *, calibration: st
             "CPU-only torch refuses ('Cannot access accelerator device when none is available', measured here). "
             "Use GPTQ on this machine (recipes.W4A16_GPTQ), or build AWQ where the quantization environment has a "
             "CUDA torch.")
-    calib = Path(calibration) if calibration else default_calibration()
     job = {"recipe": r.to_dict(), "calibration": None, "samples": None, "seq_len": None}
     calib_sha = None
+    calib = Path(calibration) if calibration else default_calibration(model, samples * seq_len)
     if r.needs_calibration:
         if not calib.is_file():
             raise FileNotFoundError(f"calibration file {calib} is missing (the project ships data/calibration/)")

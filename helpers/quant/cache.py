@@ -25,6 +25,7 @@ from typing import Any, Callable
 from .. import settings
 
 __all__ = ["Checkpoint", "METADATA", "quantized_dir", "file_digest", "model_digest", "digest", "cached", "build_once",
+           "discard",
            "dir_bytes"]
 
 #: The file that marks a finished checkpoint and records how it was made.
@@ -187,3 +188,29 @@ def build_once(name: str, key: str, make: Callable[[Path], dict[str, Any]], *, k
         finally:
             if tmp.exists():
                 shutil.rmtree(tmp, ignore_errors=True)
+
+
+def discard(*ckpts: "Checkpoint | None", keep: bool = False, builds: bool = False) -> int:
+    """Delete checkpoints a lab made and no later lab needs, at its end; returns the bytes freed.
+
+    Fake-quantized and dequantized copies go (seconds to make again on a CPU, a minute or two for an 8B model on a
+    GPU, and a dequantized 8B copy is 32 GB of float32); llm-compressor's builds go only with ``builds=True`` (their
+    GPTQ and AWQ passes are what takes minutes). ``keep=True`` (a lab's ``KEEP_BUILDS`` knob) keeps everything.
+    ``helpers.plan`` lists, per lab and profile, what it writes and what stays (``disk_bytes``).
+
+    Introduced in lab 12 (FP8 as the Default).
+    """
+    if keep:
+        return 0
+    freed = 0
+    for ck in {str(c.path): c for c in ckpts if c is not None}.values():
+        if ck.kind == "compressed-tensors" and not builds:
+            continue
+        path = Path(ck.path)
+        if not (path / METADATA).is_file():
+            continue
+        with settings.file_lock(path.parent / f".{path.name}.lock"):
+            total, _ = dir_bytes(path)
+            shutil.rmtree(path, ignore_errors=True)
+        freed += total
+    return freed

@@ -20,7 +20,8 @@ def serve(profile: Any, spec: "Mapping[str, Any] | Checkpoint", *, into: Any = N
     ``spec`` is a :class:`Checkpoint` (served as it is) or one configuration of a lab's plan: ``{"fake": fmt, ...}``
     (the profile's model rounded through ``fmt``, :func:`fake_quantized_checkpoint`'s keywords beside it),
     ``{"recipe": name}`` (llm-compressor's checkpoint, :func:`servable` on this machine; ``"first_layers": n``
-    beside it quantizes only the first ``n`` decoder layers) or ``{"engine": {...}}`` (the profile's model with
+    beside it quantizes only the first ``n`` decoder layers, ``"samples": n`` calibrates on ``n`` rows) or
+    ``{"engine": {...}}`` (the profile's model with
     those engine arguments).
 
     A checkpoint of plain weights (a fake-quantized copy, or a quantized one :func:`servable` multiplied back out
@@ -71,11 +72,11 @@ def _checkpoint(profile: Any, spec: dict[str, Any]) -> Checkpoint | None:
     """The checkpoint a plan's configuration serves; ``None`` for engine arguments on the profile's own."""
     if "fake" in spec:
         return fake_quantized_checkpoint(profile.model, spec.pop("fake"), **spec)
-    allowed = {"recipe", "first_layers"} if "recipe" in spec else {"engine"}
+    allowed = {"recipe", "first_layers", "samples"} if "recipe" in spec else {"engine"}
     if set(spec) - allowed:
-        raise ValueError(f"a configuration is {{'fake': fmt, ...}}, {{'recipe': name[, 'first_layers': n]}} or "
-                         f"{{'engine': {{...}}}}; got the keys {sorted(spec)}")
+        raise ValueError(f"a configuration is {{'fake': fmt, ...}}, {{'recipe': name[, 'first_layers': n][, 'samples': "
+                         f"n]}} or {{'engine': {{...}}}}; got the keys {sorted(spec)}")
     if "recipe" in spec:
         r = first_layers(spec["recipe"], spec["first_layers"]) if spec.get("first_layers") else spec["recipe"]
-        return servable(build(profile.model, r))
+        return servable(build(profile.model, r, **({"samples": spec["samples"]} if spec.get("samples") else {})))
     return None

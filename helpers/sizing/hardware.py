@@ -94,6 +94,15 @@ HARDWARE: dict[str, Hardware] = {
     # NVIDIA H200 Tensor Core GPU datasheet, SXM: 141GB HBM3e, 4.8 TB/s; same compute as H100 SXM.
     "h200": Hardware("NVIDIA H200 SXM 141GB", 141, 4.8 * TB, 989.5 * TB, 989.5 * TB, 1979 * TB, None, None,
                      "NVIDIA H200 datasheet (SXM)"),
+    # Not a datasheet: what one real H200 did (2026-12-04; ../shared/notes/h200-measured.md; driver 580.159.04, CUDA
+    # 13.0, torch 2.11, medians of CUDA-graph replays). Bandwidth: the rate Llama-3.1-8B's decode matmuls read their
+    # weights at batch 1 (3.47 TB/s; sizing.measure_gpu's copy benchmark read 4.06-4.13); bf16: measure_gpu's
+    # 8192^3 matmul (743/769/775 TFLOP/s, 77% of the datasheet); fp8: torch._scaled_mm W8A8 at batch 1,024 (1,141
+    # TFLOP/s, 58%). A prediction that uses it says so (its name and source); use it at efficiency=1.0.
+    "h200-measured": Hardware("NVIDIA H200 SXM 141GB (measured rates)", 141, 3.47 * TB, 769 * TB, 769 * TB, 1141 * TB,
+                              None, None, "measured on one H200, 2026-12-04: Llama-3.1-8B decode matmuls read at "
+                              "3.47 TB/s (batch 1), bf16 matmul 769 TFLOP/s, FP8 W8A8 1,141 TFLOP/s "
+                              "(shared/notes/h200-measured.md)", measured=True),
     # NVIDIA DGX/HGX B200 datasheets: 8 GPUs, 1,440GB HBM3e, 64 TB/s; FP8 72 PFLOPS and FP4 144 PFLOPS
     # with sparsity -> per GPU 180GB, 8 TB/s, FP8 4.5 PF, FP4 9 PF, BF16 2.25 PF dense.
     "b200": Hardware("NVIDIA B200 180GB", 180, 8.0 * TB, 2250 * TB, 2250 * TB, 4500 * TB, 9000 * TB, None,
@@ -269,9 +278,12 @@ def compute_flops(hw: Hardware, weight_dtype: str) -> tuple[str, float]:
     return want, hw.flops_for(want)
 
 
-def measure(device: str = "cpu", dtype: str = "float32", seconds: float = 2.0) -> Hardware:
+def measure(device: str = "cpu", dtype: str = "float32", seconds: float = 2.0, buffer_mib: int | None = None
+            ) -> Hardware:
     """Measure this machine (``measure_cpu`` or ``measure_gpu``) in a separate Python process, so the probe's
-    tensors — gigabytes on a GPU — are freed before vLLM starts and claims its share of memory.
+    tensors — gigabytes on a GPU — are freed before vLLM starts and claims its share of memory. ``buffer_mib``: the
+    copied buffer (each probe's default when ``None``; 256 MiB still dwarfs any cache, and fits beside a running
+    server on a 16 GB card).
 
     Introduced in lab 05 (Where the Time Goes).
     """
@@ -279,9 +291,10 @@ def measure(device: str = "cpu", dtype: str = "float32", seconds: float = 2.0) -
     import subprocess
     import sys
 
+    buf = "" if buffer_mib is None else f", buffer_mib={int(buffer_mib)}"
     code = ("import json, dataclasses; from helpers.sizing.hardware import measure_cpu, measure_gpu; "
-            f"hw = measure_gpu(seconds={seconds!r}) if {device!r} == 'cuda' else "
-            f"measure_cpu(seconds={seconds!r}, dtype={dtype!r}); print(json.dumps(dataclasses.asdict(hw)))")
+            f"hw = measure_gpu(seconds={seconds!r}{buf}) if {device!r} == 'cuda' else "
+            f"measure_cpu(seconds={seconds!r}, dtype={dtype!r}{buf}); print(json.dumps(dataclasses.asdict(hw)))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
     if out.returncode != 0:
         raise RuntimeError(f"measuring the {device} failed:\n{out.stderr[-1500:]}")

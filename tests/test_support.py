@@ -1,0 +1,135 @@
+"""What vLLM 0.32 serves where (helpers.support), and every lab's plan asking it for every profile, without a GPU.
+
+Each of the GPU failures these tests name was found by reading labs 12-24 as a T4, H100/H200 and B200 learner would
+run them: the code before the table let each one through to a crash inside vLLM.
+"""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from helpers import plan, quant, runtime, support
+from helpers.plan import phase3
+from helpers.runtime import GPU, Machine
+
+PROFILES = sorted(runtime.PROFILES)
+FIELDS = {"formats", "disk_bytes", "calibration", "servers_on_card", "tools"}
+
+
+def _gpu(name: str, cc: tuple[int, int]) -> Machine:
+    return Machine(is_colab=False, gpus=(GPU(name, 80.0, cc),), cpu_count=8, memory_gib=64.0)
+
+
+T4, H100, B200 = _gpu("Tesla T4", (7, 5)), _gpu("NVIDIA H100 80GB HBM3", (9, 0)), _gpu("NVIDIA B200", (10, 0))
+
+
+@pytest.mark.parametrize("name", PROFILES)
+def test_every_lab_plan_answers_every_resource_question(name):
+    """`python -m helpers.plan PROFILE --json`: formats, disk_bytes, calibration, servers_on_card and tools for every
+    lab, each format with its reason."""
+    res = subprocess.run([sys.executable, "-m", "helpers.plan", name, "--json"], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    for number, p in json.loads(res.stdout)["labs"].items():
+        assert FIELDS <= set(p), (number, FIELDS - set(p))
+        assert all({"name", "supported", "native", "why"} <= set(f) and f["why"] for f in p["formats"]), number
+        assert {"peak", "kept", "items"} <= set(p["disk_bytes"]) and p["disk_bytes"]["peak"] >= p["disk_bytes"]["kept"]
+        assert p["servers_on_card"] and all(s["kv_how"] for s in p["servers_on_card"]), number
+        if runtime.PROFILES[name].device == "cuda":  # on a card every server's KV is known before it starts
+            assert all(s["kv_bytes"] >= s["kv_needed_bytes"] for s in p["servers_on_card"]), number
+
+
+def test_fp8_kv_cache_is_not_served_on_a_t4_with_the_reason():
+    """Labs 12 and 15 asked a T4 for an FP8 KV cache: vLLM's Triton backend, the only one below 8.0, refuses it when
+    the engine builds, so the server died at start. recipes.check_kv_cache_dtype let every GPU through."""
+    with pytest.raises(quant.UnservableError, match="SM89"):
+        quant.check_kv_cache_dtype("fp8", T4)
+    quant.check_kv_cache_dtype("fp8", H100)
+    p12 = plan.lab("12", "colab-t4", quick=False)
+    assert not p12.supported("FP8 KV cache") and "Triton" in " ".join(p12.not_served())
+    p15 = plan.lab("15", "colab-t4", quick=False)
+    assert "FP8 KV cache" not in p15["candidates"] and any("FP8 KV cache" in line for line in p15.not_served())
+    assert "FP8 KV cache" in plan.lab("15", "h100", quick=False)["candidates"]
+
+
+def test_int8_w8a8_is_not_served_on_blackwell_and_its_weights_are_served_instead():
+    """vLLM 0.32 picks its CUTLASS int8 kernel on every GPU, and CUTLASS has none for SM100: lab 14's W8A8 would fail
+    at its first forward pass on a B200."""
+    with pytest.raises(quant.UnservableError, match="SM100"):
+        quant.check_servable(quant.W8A8_RTN, B200)
+    quant.check_servable(quant.W8A8_RTN, H100)
+    p14 = plan.lab("14", "b200", quick=True)
+    assert not p14.supported("W8A8 INT8 (round to nearest)") and p14.supported("W4A16 GPTQ, group 64")
+
+
+def test_fp4_weight_only_runs_on_hopper_and_mxfp4_needs_ampere():
+    """Lab 13 said FP4 needs Blackwell: vLLM 0.32 serves NVFP4 and MXFP4 weights through Marlin from 7.5 / 8.0, and
+    only the W4A4 variants need Blackwell's FP4 tensor cores. MXFP4 on a T4 is refused by vLLM (minimum 8.0)."""
+    hopper = support.Device.of(runtime.PROFILES["h100"])
+    assert support.lookup("weights", "nvfp4a16", hopper).native
+    assert support.lookup("weights", "mxfp4a16", hopper).native
+    assert not support.lookup("weights", "nvfp4", hopper).native  # served weight-only, not in FP4
+    t4 = plan.lab("13", "colab-t4", quick=False)
+    assert t4["formats"]["MXFP4"] == {"fake": "mxfp4"} and t4["formats"]["NVFP4"] == {"recipe": "nvfp4a16"}
+    assert not t4.supported("MXFP4")
+    with pytest.raises(quant.UnservableError):
+        quant.check_servable(quant.MXFP4A16, T4)
+
+
+def test_tensor_parallel_2_needs_two_gpus():
+    """Lab 18 dropped TP=2 silently on a one-GPU machine; its plan now says why it is not measured there."""
+    one = plan.lab("18", "h100", quick=True)
+    assert not one.supported("tensor parallel 2") and "needs 2 GPUs" in " ".join(one.not_served())
+    two = plan.lab("18", runtime.PROFILES["h100"].replace(devices=2), quick=True)
+    assert two.supported("tensor parallel 2")
+    assert plan.lab("18", "cpu", quick=True).supported("tensor parallel 2")  # two cores, one rank each
+
+
+@pytest.mark.parametrize("name,backend,layout", [("h100", "FLASH_ATTN (FA3)", "LBNHC"), ("b200", "FLASHINFER", "LBHNC"),
+                                                 ("colab-t4", "TRITON_ATTN", "LBNHC"), ("cpu", "CPU_ATTN", "LBHNC")])
+def test_the_kv_connector_is_checked_against_each_profiles_backend_and_layout(name, backend, layout):
+    """Labs 20/21's ExampleConnector on each profile's default attention backend: it indexes vLLM's standardized
+    per-layer view, whose strides carry the layout, so both layouts serve."""
+    for number in ("20", "21"):
+        f = plan.lab(number, name, quick=True).formats
+        assert len(f) == 1 and f[0]["supported"] and backend in f[0]["name"] and layout in f[0]["why"]
+
+
+def test_plan_recipe_formats_match_the_quant_recipes():
+    """The plan names each recipe's weights without importing helpers.quant (which sits above it): the two agree."""
+    from helpers.quant.recipes import RECIPES, _table_name
+
+    assert phase3.RECIPE_FORMATS == {n: _table_name(r) for n, r in RECIPES.items()}
+    assert phase3.CALIBRATED == {n for n, r in RECIPES.items() if r.needs_calibration}
+
+
+def test_lab_20s_two_servers_fit_an_h100_as_vllms_profiler_counts():
+    """Lab 20 started two servers on one card at utilization 0.45 each without fixing their KV: vLLM's profiler
+    counts the card's free memory, so each saw the other's weights loading beside it as its own, leaving about
+    4 GiB of KV where max_model_len 131,072 needs 16 GiB. Both servers now fix their KV bytes and context."""
+    from helpers.plan import resources
+
+    h100 = runtime.PROFILES["h100"]
+    p20 = plan.lab("20", h100, quick=False)
+    assert len(p20.servers_on_card) == 2 and all(s["kv_how"].startswith("fixed") for s in p20.servers_on_card)
+    assert p20["kv_cache_memory_bytes"] == p20.servers_on_card[0]["kv_bytes"]
+    # the same two servers as the code before started them: profiled, at the profile's context
+    before = [resources.server(n, h100, h100.max_model_len, utilization=0.45) for n in ("prefill", "decode")]
+    _, checks = resources.servers_on_card(h100, before, together=True)
+    assert not all(c["ok"] for c in checks)
+
+
+def test_the_readme_states_the_disk_every_profile_needs():
+    """A default pod's disk filled: dequantized float32 copies, fake-quantized copies, checkpoints and KV stores stayed
+    on disk (~250 GB by the plans' arithmetic). Each lab now deletes what no later lab needs, and the README states
+    what remains, per profile, from the plans themselves."""
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    assert plan.disk_table() in readme
+    for name in PROFILES:
+        plans = [plan.lab(n, name, quick=False) for n in sorted(plan.LABS)]
+        assert all(p.disk_bytes["peak"] >= p.disk_bytes["kept"] for p in plans)
+    h100 = [plan.lab(n, "h100", quick=False) for n in sorted(plan.LABS)]
+    from helpers.plan import resources
+    assert resources.disk_total(h100)["need"] < 100e9  # where everything written stayed: about 250 GB
