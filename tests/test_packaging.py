@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.scripts import load
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -112,10 +114,7 @@ def test_every_module_the_labs_need_is_installed_in_this_environment():
 
 
 def _colab_setup():
-    spec = importlib.util.spec_from_file_location("colab_setup", ROOT / "scripts" / "colab_setup.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load("scripts/colab_setup.py")
 
 
 def test_the_quantization_environment_takes_the_flavours_torch():
@@ -142,10 +141,14 @@ def test_colab_builds_the_quantization_environment_over_the_runtimes_packages(tm
     monkeypatch.setattr(mod, "QUANT_STAMP", tmp_path / ".venv-quant" / ".setup-complete")
     ran = []
 
+    site = tmp_path / ".venv-quant" / "lib" / "site-packages"
+
     def run(cmd, **kw):
         ran.append(cmd)
         if "virtualenv" in cmd and "--system-site-packages" in cmd:
-            Path(cmd[-1]).mkdir()
+            site.mkdir(parents=True)
+        if any("sysconfig" in str(c) for c in cmd):  # the new environment's site-packages
+            return subprocess.CompletedProcess(cmd, 0, stdout=f"{site}\n")
         return subprocess.CompletedProcess(cmd, 0)
 
     monkeypatch.setattr(mod.subprocess, "run", run)
@@ -155,6 +158,9 @@ def test_colab_builds_the_quantization_environment_over_the_runtimes_packages(tm
     pip = next(c for c in ran if c[0] == str(tmp_path / ".venv-quant" / "bin" / "python") and "pip" in c)
     assert pip[-1] == str(ROOT / "requirements-quant.txt")
     assert (tmp_path / ".venv-quant" / ".setup-complete").is_file()
+    # the runtime's packages come after the environment's own: this interpreter's, even when it is a venv
+    import sysconfig
+    assert repr(sysconfig.get_paths()["purelib"]) in (site / "_labs_runtime.pth").read_text()
     ran.clear()
     assert mod.main(["--quant-env"]) == 0 and ran == []          # built: nothing runs again
 
