@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Mapping
 
 __all__ = ["Price", "PRICES", "price", "CostRow", "cost_per_million", "cost_at_slo", "compare", "RooflineRate",
-           "roofline_rate_at_tpot"]
+           "roofline_rate_at_tpot", "Offer", "Deployment"]
 
 
 @dataclass(frozen=True)
@@ -219,3 +219,170 @@ def roofline_rate_at_tpot(model: str, device: str, tpot_ms: float, context: int,
 def hardware_prices() -> Mapping[str, float]:
     """``{device: usd_per_hour}`` for every priced device."""
     return {k: v.usd_per_hour for k, v in PRICES.items()}
+
+
+# ------------------------------------------------------------------------------------ the phase 3 deployment
+@dataclass
+class Offer:
+    """One configuration of a deployment as its search at the SLO priced it: the checkpoint and speculative
+    configuration it serves, the highest rate that met the SLO (``None``: none did) with the search's bracket, the
+    output tokens per second there, the price and the cost per million output tokens; how to reproduce both.
+
+    Introduced in lab 17 (Cost per Million Tokens).
+    """
+
+    name: str
+    checkpoint: str
+    speculative: dict | None
+    max_rate_at_slo: float | None
+    bracket: tuple | list
+    output_tokens_per_s_at_slo: float | None
+    price_per_hour: float
+    cost_per_million_output_tokens: float | None
+    acceptance_rate: float | None = None
+    reproduce: dict = dataclasses.field(default_factory=dict)
+
+
+@dataclass
+class Deployment:
+    """Phase 3's deliverable: configurations searched at one SLO and priced, the choice, and the evidence that the
+    chosen one is the same model: the quantized checkpoint's accuracy gate (``gate``: :meth:`helpers.evals.Gate.as_dict`
+    of ``gated_checkpoint``) and, for drafting, the greedy tokens with drafting against without (``drafting``:
+    :meth:`helpers.evals.Agreement.as_dict`). A configuration is safe when its checkpoint is the baseline's own (the
+    reference every gate compares against) or passed the gate, and, if it drafts, its greedy tokens matched
+    (``min_greedy_agreement`` of them before the first difference): :meth:`safe` reads that from the evidence, so the
+    report can never call a configuration safe beside a gate that said NOT SAFE.
+
+    Introduced in lab 17 (Cost per Million Tokens).
+    """
+
+    model: str
+    profile: str
+    baseline_checkpoint: str
+    slo: dict
+    workload: dict
+    device: str
+    price: dict
+    offers: list[Offer]
+    baseline: str
+    gate: dict | None
+    gated_checkpoint: str | None
+    drafting: dict | None
+    min_greedy_agreement: float
+    predicted_devices: list[dict] = dataclasses.field(default_factory=list)
+    chosen: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.chosen is None:
+            self.chosen = self.choose()
+
+    def offer(self, name: str) -> Offer:
+        return next(o for o in self.offers if o.name == name)
+
+    def evidence(self, name: str) -> list[str]:
+        """Why configuration ``name`` is the same model as the baseline, or why not: one line per piece of evidence."""
+        o, out = self.offer(name), []
+        if o.checkpoint == self.baseline_checkpoint:
+            out.append("checkpoint: the baseline's own (the reference every gate compares against)")
+        elif self.gate is not None and o.checkpoint == self.gated_checkpoint:
+            out.append(f"checkpoint: lab 15's gate against the baseline said {'SAFE' if self.gate['safe'] else 'NOT SAFE'}")
+        else:
+            out.append("checkpoint: not gated (no accuracy gate measured this checkpoint)")
+        if o.speculative:
+            d = self.drafting
+            out.append("drafting: not compared with the undrafted model" if d is None else
+                       f"drafting: greedy tokens matched the undrafted model's on {d['identical']} of {d['prompts']} "
+                       f"prompts, {d['share']:.0%} of tokens before the first difference (needs "
+                       f"{self.min_greedy_agreement:.0%})")
+        return out
+
+    def safe(self, name: str) -> bool:
+        """Whether configuration ``name`` is the same model as the baseline, by its evidence (:meth:`evidence`)."""
+        o = self.offer(name)
+        checkpoint_ok = o.checkpoint == self.baseline_checkpoint or (
+            self.gate is not None and o.checkpoint == self.gated_checkpoint and bool(self.gate["safe"]))
+        drafting_ok = not o.speculative or (self.drafting is not None and
+                                            self.drafting["share"] >= self.min_greedy_agreement)
+        return checkpoint_ok and drafting_ok
+
+    def choose(self) -> str:
+        """The cheapest configuration that met the SLO and is safe (the baseline when none beats it): what
+        ``chosen`` is set to when a deployment is made; a saved one keeps what it chose."""
+        priced = [o for o in self.offers if o.cost_per_million_output_tokens and self.safe(o.name)]
+        if not priced:
+            raise ValueError("no configuration met the SLO and is safe: nothing to choose")
+        return min(priced, key=lambda o: o.cost_per_million_output_tokens).name
+
+    def as_dict(self) -> dict:
+        out = dataclasses.asdict(self)
+        out["safe"] = {o.name: self.safe(o.name) for o in self.offers}
+        out["evidence"] = {o.name: self.evidence(o.name) for o in self.offers}
+        return out
+
+    @classmethod
+    def from_dict(cls, d: Mapping) -> "Deployment":
+        fields = {f.name for f in dataclasses.fields(cls)}
+        kw = {k: v for k, v in d.items() if k in fields}
+        kw["offers"] = [Offer(**o) for o in d["offers"]]
+        return cls(**kw)
+
+    @classmethod
+    def load(cls, path) -> "Deployment":
+        """Read a deployment written by :meth:`write` (its ``.json``)."""
+        import json
+        from pathlib import Path
+
+        return cls.from_dict(json.loads(Path(path).read_text()))
+
+    def to_markdown(self) -> str:
+        money = lambda x: f"${x:.4f}" if x else "n/a (no rate met the SLO)"  # noqa: E731
+        b, c = self.offer(self.baseline), self.offer(self.chosen)
+        if c.name == b.name:
+            verdict = "— the baseline itself: no safe configuration made tokens cheaper at the SLO on this device."
+        else:
+            verdict = f"against {money(b.cost_per_million_output_tokens)} for the {b.name}"
+            if c.cost_per_million_output_tokens and b.cost_per_million_output_tokens:
+                saving = 1 - c.cost_per_million_output_tokens / b.cost_per_million_output_tokens
+                verdict += f" ({saving:.0%} cheaper)." if saving >= 0 else f" ({-saving:.0%} dearer)."
+        w, s = self.workload, self.slo
+        md = [f"# Phase 3 deployment: {self.model} on {self.profile}", "",
+              f"**Chosen: {c.name}** — {money(c.cost_per_million_output_tokens)} per million output tokens {verdict}",
+              f"Chosen configuration the same model as the baseline: **{'yes' if self.safe(c.name) else 'NO'}**:",
+              *[f"- {e}" for e in self.evidence(c.name)], "",
+              f"SLO: {s['attainment']:.0%} of requests within TTFT {s['ttft_ms']} ms and TPOT {s['tpot_ms']} ms; "
+              f"workload: {w['input tokens']} prompt and {w['output tokens']} output tokens, Poisson arrivals; price: "
+              f"{self.device} at ${self.price['usd_per_hour']}/hour ({self.price['source']}, {self.price['as_of']}).", "",
+              "| configuration | checkpoint | speculative (acceptance) | max rate at SLO (req/s) | output tok/s at SLO | "
+              "$/hour | $ per M output | same model |", "|---|---|---|---|---|---|---|---|"]
+        for o in self.offers:
+            spec = "-" if not o.speculative else (f"{o.speculative} ({o.acceptance_rate:.0%} of drafts accepted)"
+                                                  if o.acceptance_rate is not None else str(o.speculative))
+            md.append(f"| {o.name} | `{o.checkpoint}` | {spec} | {o.max_rate_at_slo} | "
+                      f"{o.output_tokens_per_s_at_slo or 0:.1f} | {o.price_per_hour} | "
+                      f"{money(o.cost_per_million_output_tokens)} | {'yes' if self.safe(o.name) else 'NO'} |")
+        if self.gate is not None:
+            g = self.gate
+            md += ["", f"## The gate: `{self.gated_checkpoint}` against the baseline: "
+                   f"{'SAFE' if g['safe'] else 'NOT SAFE'}", ""] + [f"- {r}" for r in g["reasons"]]
+            d = g["figures"]["drift"]
+            md += ["", f"Drift: KL {d['kl_mean']:.4f} nats/token (95% CI {d['kl_ci'][0]:.4f}-{d['kl_ci'][1]:.4f}), "
+                   f"top-1 agreement {d['top1']:.1%} (95% CI {d['top1_ci'][0]:.1%}-{d['top1_ci'][1]:.1%}) over "
+                   f"{d['positions']:,} positions."]
+        if self.predicted_devices:
+            md += ["", "## Other cards (predicted by the roofline, not measured)", "",
+                   "| row | kind | $/hour | output tok/s | $ per M output |", "|---|---|---|---|---|"]
+            md += [f"| {r['row']} | {r['kind']} | {r['$/hour']} | {r['output tok/s']:.1f} | {r['$ per M output']:.4f} |"
+                   for r in self.predicted_devices]
+        md += ["", "## Reproduce", ""]
+        for o in (b, c) if c.name != b.name else (b,):
+            md += [f"**{o.name}**", "", "```", o.reproduce.get("server", ""), o.reproduce.get("bench", ""), "```", ""]
+        return "\n".join(md)
+
+    def write(self, directory, charts: Mapping | None = None, provenance: Mapping | None = None) -> dict:
+        """``phase3_deployment.{md,json,html}`` (and the charts' PNGs) in ``directory``, through
+        :func:`helpers.artifacts.write`."""
+        from . import artifacts
+
+        md = self.to_markdown()
+        return artifacts.write(directory, "phase3_deployment", title=md.splitlines()[0][2:], markdown=md,
+                               data=self.as_dict(), charts=charts, provenance=provenance)

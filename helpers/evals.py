@@ -39,7 +39,8 @@ import numpy as np
 from . import models, procs, settings
 from .bench.workloads import token_counter
 
-__all__ = ["TASKS", "TaskScore", "Accuracy", "accuracy", "LmEvalMissing", "lm_eval_python", "Drift", "prompt_logprobs", "drift", "LengthScore",
+__all__ = ["TASKS", "TaskScore", "Accuracy", "accuracy", "LmEvalMissing", "lm_eval_python", "greedy", "Agreement",
+           "agreement", "Drift", "prompt_logprobs", "drift", "LengthScore",
            "LongContext", "long_context", "Quality", "quality", "Gate", "gate", "bootstrap_mean_ci", "paired_diff_ci"]
 
 #: The multiple-choice tasks shipped in data/evals/ (one JSONL each).
@@ -263,6 +264,67 @@ def prompt_logprobs(server: Any, texts: Sequence[str] | None = None, top_k: int 
 
         with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
             return list(pool.map(one, _texts(texts)))
+
+
+def greedy(server: Any, prompts: Sequence[str], max_tokens: int = 32, concurrency: int = 8) -> list[list[str]]:
+    """Each prompt's greedy continuation as the server's tokens (temperature 0, ``ignore_eos``: the same length from
+    every server), for comparing two configurations token by token (:func:`agreement`).
+
+    Introduced in lab 12 (FP8 as the Default).
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    headers = {"Authorization": f"Bearer {server.api_key}"} if getattr(server, "api_key", None) else {}
+    with httpx.Client(timeout=600.0, headers=headers,
+                      limits=httpx.Limits(max_connections=max(1, concurrency))) as client:
+        def one(prompt: str) -> list[str]:
+            r = client.post(f"{server.base_url}/completions", json={
+                "model": server.model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "logprobs": 0,
+                "ignore_eos": True})
+            r.raise_for_status()
+            return r.json()["choices"][0]["logprobs"]["tokens"]
+
+        with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
+            return list(pool.map(one, prompts))
+
+
+@dataclass
+class Agreement:
+    """Two configurations' greedy continuations of the same prompts, compared token by token: how many prompts came
+    out identical, and the tokens written before the first difference (all of them where none).
+
+    Introduced in lab 12 (FP8 as the Default).
+    """
+
+    prompts: int
+    identical: int
+    tokens: int
+    before_first_difference: int
+
+    @property
+    def share(self) -> float:
+        """The share of tokens written before each prompt's first difference."""
+        return self.before_first_difference / self.tokens if self.tokens else float("nan")
+
+    @property
+    def mean_before_first_difference(self) -> float:
+        return self.before_first_difference / self.prompts if self.prompts else float("nan")
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "share": self.share}
+
+
+def agreement(reference: Sequence[Sequence[str]], other: Sequence[Sequence[str]]) -> Agreement:
+    """:class:`Agreement` of ``other``'s greedy tokens with ``reference``'s, prompt by prompt (from :func:`greedy`).
+
+    Introduced in lab 12 (FP8 as the Default).
+    """
+    if len(reference) != len(other):
+        raise ValueError(f"{len(reference)} reference continuations against {len(other)}: the same prompts, please")
+    before = [next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+              for a, b in zip(reference, other)]
+    return Agreement(prompts=len(reference), identical=sum(list(a) == list(b) for a, b in zip(reference, other)),
+                     tokens=sum(len(a) for a in reference), before_first_difference=sum(before))
 
 
 @dataclass

@@ -274,7 +274,11 @@ def _lab17(p: runtime.Profile, quick: bool) -> dict[str, Any]:
                        "quantized": {"name": quant[0], **quant[1]},
                        "speculative": {"name": next(iter(served)), **next(iter(served.values()))},
                        "device": p.hardware, "compare_devices": ["h200", "b200"],
-                       "compare_model": "llama-3.1-8b", "compare_context": 2048},
+                       "compare_model": "llama-3.1-8b", "compare_context": 2048,
+                       # drafting must leave greedy output as it is: each configuration's greedy tokens on a few
+                       # prompts, compared token for token; verifying k+1 tokens in one step computes in another
+                       # order than decoding one, so a near-tie may flip late in a 32-token answer
+                       "greedy_prompts": 4, "greedy_tokens": 32, "min_greedy_agreement": 0.9},
             "formats": _served(p, {quant[0]: quant[1]})[1] + res.formats(
                 p, *[("speculative", s["method"]) for s in served.values()]),
             "disk_bytes": res.disk(*_checkpoints(p, {quant[0]: quant[1]}, "the deliverable's checkpoint")),

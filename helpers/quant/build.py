@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 from .. import calibration as _calibration
-from .. import models, procs, settings
+from .. import models, procs
 from . import cache
 from .env import llmcompressor_version, quant_python, quant_torch_version
 from .recipes import Recipe, check_group_size, recipe

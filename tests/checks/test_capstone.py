@@ -12,7 +12,7 @@ from typing import Any
 
 import pandas as pd
 
-from helpers import cost, sizing
+from helpers import cost, plan, sizing
 from tests.checks.harness import NOTEBOOKS, PHASES, Doctor, checks_for, lab, set_value
 
 
@@ -42,8 +42,8 @@ def _cmp24(ns, row: str, column: str, value: Any) -> None:
             'f["preemptions"] == 0'),
      Doctor("TTFT no lower after the fix", lambda ns: _cmp24(ns, "fixed", "TTFT p50 (ms)", 70000.0),
             'f["TTFT p50 (ms)"] < b["TTFT p50 (ms)"]'),
-     Doctor("no concurrency met the SLO", lambda ns: ns["design"].__setitem__("meets SLO", False),
-            'design["meets SLO"].any()'),
+     Doctor("only the single stream met the SLO", lambda ns: ns["design"].__setitem__("meets SLO", [True, False]),
+            'design[design["concurrency"] > 1]["meets SLO"].any()'),
      Doctor("replicas not from the measured capacity", lambda ns: ns["best"].__setitem__("replicas for the peak", 3),
             'best["replicas for the peak"]'),
      Doctor("the report lost a step", lambda ns: ns["data"]["steps"].pop(3), 'data["steps"]'),
@@ -85,7 +85,8 @@ def lab_24(tmp: Path) -> dict[str, Any]:
          "failed": 0},
         {"concurrency": 4, "req/s": 0.958145, "output tok/s": 30.66, "TTFT p99 (ms)": 1751.29, "TPOT p99 (ms)": 109.87,
          "failed": 0}])
-    design["meets SLO"] = (design["TTFT p99 (ms)"] <= 3470.0) & (design["TPOT p99 (ms)"] <= 140.6)
+    slo = plan.lab("24", "cpu", quick=True)["slo"]  # set before the run, as the lab takes it
+    design["meets SLO"] = (design["TTFT p99 (ms)"] <= slo["ttft_p99_ms"]) & (design["TPOT p99 (ms)"] <= slo["tpot_p99_ms"])
     here = SimpleNamespace(peak_rps=40.0)
     best = pd.Series({"best concurrency": 4, "req/s per replica": 0.958145, "replicas for the peak": 55,
                       "USD per M output tokens": 0.905975})
@@ -121,3 +122,12 @@ def test_every_lab_belongs_to_one_phase_file():
     numbers = [n for phase in PHASES.values() for n in phase]
     assert sorted(numbers) == sorted(set(numbers)), "a lab is listed under two phases"
     assert set(NOTEBOOKS) <= set(numbers), f"labs in no phase: {sorted(set(NOTEBOOKS) - set(numbers))}"
+
+
+def test_the_list_of_claims_and_their_doctors_is_current():
+    """ci/CHECKS.md lists, lab by lab, each check's doctored measurement and the assert it fails at: written from
+    these tests by ci/check_claims.py, so a doctor added or changed without rewriting it fails here."""
+    from tests.scripts import load
+
+    mod = load("ci/check_claims.py")
+    assert mod.OUT.read_text() == mod.render(), "ci/CHECKS.md is stale: run `python ci/check_claims.py`"

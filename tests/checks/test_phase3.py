@@ -325,7 +325,6 @@ def test_lab15_check_holds_on_the_full_plan_whose_last_candidate_is_the_fp8_kv_c
     """The full plan (what a learner runs) ends with "FP8 KV cache", which on Llama-8B drifts by thousandths and is
     safe: the check took the last candidate for the 4-bit worked example and asserted it NOT SAFE. It now names the
     worked example from the plan."""
-    from helpers import evals
     ns = LABS["15"].build(tmp_path)
     full = plan.lab("15", "h100", quick=False)
     assert list(full["candidates"])[-1] == "FP8 KV cache" and full["worked_example"] in full["candidates"]
@@ -352,7 +351,7 @@ def _lab16_table(rows: list[tuple[str, int, float, float, list[float], float, fl
     t = pd.DataFrame(out)
     t["verification cost (x a plain step)"] = t["mean acceptance length"] / t["measured speedup"]
     t["counters agree"] = [abs(r["mean acceptance length"] - 1 - sum(r["per-position acceptance"])) < 0.01
-                           or r["drafts"] == 0 for _, r in t.iterrows()]
+                           for _, r in t.iterrows()]
     return t
 
 
@@ -380,6 +379,12 @@ def _doctor_16(i: int, **changes):
      Doctor("a request failed", lambda ns: set_value(ns["table"], 1, "failed", 1), 'table["failed"].sum() == 0'),
      Doctor("the per-position counters disagree with the mean length", lambda ns: set_value(ns["table"], 0, "counters agree", False),
             'table["counters agree"].all()'),
+     Doctor("a drafter that never drafted", lambda ns: set_value(ns["table"], 2, "drafts", 0.0),
+            '(table["drafts"] > 0).all()'),
+     Doctor("a second drafter (EAGLE-3 on a GPU) slowed copy down",
+            lambda ns: ns.update(table=pd.concat([ns["table"], ns["table"].iloc[[0]].assign(
+                drafter="EAGLE-3, k=3", **{"measured speedup": 0.8})], ignore_index=True)),
+            '["measured speedup"] > 1.0).all()'),
      Doctor("copy acceptance only 0.45", _doctor_16(0, alpha=0.45), 'copy1["acceptance rate α"] > 0.5'),
      Doctor("open text accepted as often as copy", _doctor_16(1, alpha=0.985), 'copy1["acceptance rate α"] > 0.5'),
      Doctor("drafting did not cut TPOT on copy", _doctor_16(0, tpot=300.0), 'copy1["measured speedup"] > 1.15'),
@@ -396,33 +401,39 @@ def lab_16(tmp: Path) -> dict[str, Any]:
 
 # ================================================================================================== lab 17
 CONFIGS_17 = ["float32 baseline", "INT8 W8A8 (round to nearest)", "INT8 W8A8 (round to nearest) + n-gram, k=3"]
+CHECKPOINTS_17 = {CONFIGS_17[0]: "llm-serving-labs/smollm2-135m-instruct", CONFIGS_17[1]: "/ckpt/w8a8",
+                  CONFIGS_17[2]: "/ckpt/w8a8"}
 
 
 def _lab17_derive(ns) -> None:
-    """Costs, the choice, the knob's default table and the deliverable, derived the lab's way from ``rows``."""
-    from helpers import artifacts, cost
+    """Costs, the knob's default table and the deliverable from ``rows``, the gate and the greedy comparison: the
+    deliverable through the lab's own record (cost.Deployment), so its choice and verdicts are the library's."""
+    from helpers import cost
     rows, price = ns["rows"], ns["PRICE"]
     ns["cost_rows"] = cost_rows = [cost.cost_at_slo("cpu", r["output_tokens_per_s_at_slo"], name=n,
                                                     usd_per_hour=price.usd_per_hour)
                                    for n, r in rows.items() if r["output_tokens_per_s_at_slo"]]
     ns["priced"] = priced = {r.name: r.per_million_output for r in cost_rows}
-    safe = ns["safe"]
-    ns["chosen_name"] = chosen = min((n for n in CONFIGS_17 if safe[n] and n in priced), key=priced.get)
     ns["what_if_default"] = pd.DataFrame([{"configuration": n, "$ per M output": priced[n]} for n in priced]
                                          ).set_index("configuration")
-    def entry(n):
-        r = rows[n]
-        return {"name": n, "checkpoint": "/ckpt" if n != CONFIGS_17[0] else "llm-serving-labs/smollm2-135m-instruct",
-                "speculative": {"method": "ngram"} if "n-gram" in n else None, "max_rate_at_slo": r["max_rate_at_slo"],
-                "output_tokens_per_s_at_slo": r["output_tokens_per_s_at_slo"], "price_per_hour": price.usd_per_hour,
-                "cost_per_million_output_tokens": priced.get(n),
-                "reproduce": {"server": "python -m vllm.entrypoints.openai.api_server ...",
-                              "bench": "python -m helpers.bench run --rate 0.9 --seed 7 ..."}}
-    data = {"baseline": entry(CONFIGS_17[0]),
-            "chosen": {**entry(chosen), "gate": {"safe": True, "figures": {"drift": {"kl_ci": [0.003, 0.005]}}}}}
+    offers = [cost.Offer(name=n, checkpoint=CHECKPOINTS_17[n], speculative={"method": "ngram"} if "n-gram" in n else None,
+                         max_rate_at_slo=r["max_rate_at_slo"], bracket=r["bracket"],
+                         output_tokens_per_s_at_slo=r["output_tokens_per_s_at_slo"], price_per_hour=price.usd_per_hour,
+                         cost_per_million_output_tokens=priced.get(n), acceptance_rate=0.6 if "n-gram" in n else None,
+                         reproduce={"server": "python -m vllm.entrypoints.openai.api_server ...",
+                                    "bench": "python -m helpers.bench run --rate 0.9 --seed 7 ..."})
+              for n, r in rows.items()]
+    ns["deployment"] = dep = cost.Deployment(
+        model="smollm2", profile="cpu", baseline_checkpoint=CHECKPOINTS_17[CONFIGS_17[0]],
+        slo={"ttft_ms": 2000, "tpot_ms": 200, "attainment": 0.9}, device="cpu",
+        workload={"kind": "fixed length, fresh prompts", "input tokens": 128, "output tokens": 32, "arrivals": "Poisson",
+                  "seconds per probe": 16.0},
+        price={"usd_per_hour": price.usd_per_hour, "source": price.source, "as_of": price.as_of}, offers=offers,
+        baseline=CONFIGS_17[0], gate=ns["gate"].as_dict(), gated_checkpoint=CHECKPOINTS_17[CONFIGS_17[1]],
+        drafting=ns["drafting"].as_dict(), min_greedy_agreement=ns["PLAN"]["min_greedy_agreement"])
+    ns["chosen_name"] = dep.chosen
     prov = {"vllm": {"version": "0.32.0"}, "device": {"description": CPU_DESCRIPTION}}
-    ns["paths"] = artifacts.write(ns["_reports"], "phase3_deployment", title="Phase 3", markdown="# Phase 3\n",
-                                  data=data, provenance=prov)
+    ns["paths"] = dep.write(ns["_reports"], provenance=prov)
 
 
 def _probe(passed: bool, failed: int = 0):
@@ -445,6 +456,10 @@ def _doctor_17_deliverable(change):
     return doctor
 
 
+def _offer17(data, name: str) -> dict:
+    return next(o for o in data["offers"] if o["name"] == name)
+
+
 @lab("17",
      Doctor("the baseline met the SLO at no rate", _doctor_17(CONFIGS_17[0], max_rate_at_slo=None),
             'rows[BASE_NAME]["max_rate_at_slo"]'),
@@ -463,43 +478,42 @@ def _doctor_17_deliverable(change):
      Doctor("tokens/s at the SLO far from rate x tokens per answer",
             _doctor_17(CONFIGS_17[1], output_tokens_per_s_at_slo=0.4 * 1.1 * 32),
             '0.5 < r["output_tokens_per_s_at_slo"]'),
-     Doctor("the chosen configuration failed the gate",
-            lambda ns: ns["safe"].__setitem__(ns["chosen_name"], False),
-            "safe[chosen_name] and priced[chosen_name] == min("),
-     Doctor("B200 predicted dearer per token than H200",
-            lambda ns: ns["devices"].__setitem__("$ per M output", ns["devices"]["$ per M output"][::-1].values),
-            'devices.loc["b200 bf16", "$ per M output"]'),
+     # measured once a drafter changes what the model writes: its greedy answers diverge early
+     Doctor("drafting changed the greedy answers",
+            lambda ns: ns.update(drafting=dataclasses.replace(ns["drafting"], identical=1, before_first_difference=40)),
+            'drafting.share >= PLAN["min_greedy_agreement"]'),
      Doctor("the knob gives another cost",
             lambda ns: set_value(ns["what_if_default"], 0, "$ per M output", ns["what_if_default"]["$ per M output"].iloc[0] * 1.01),
             'abs(what_if_default.loc[n, "$ per M output"] - priced[n])'),
-     Doctor("the deliverable lacks the chosen price per hour",
-            _doctor_17_deliverable(lambda d: d["chosen"].pop("price_per_hour")), '"cost_per_million_output_tokens"} <= set(saved[side])'),
      Doctor("the deliverable's cost differs from the measured one",
-            _doctor_17_deliverable(lambda d: d["baseline"].update(cost_per_million_output_tokens=1.0)),
-            'saved[side]["cost_per_million_output_tokens"] == priced'),
+            _doctor_17_deliverable(lambda d: _offer17(d, CONFIGS_17[0]).update(cost_per_million_output_tokens=1.0)),
+            "o.cost_per_million_output_tokens == priced[o.name]"),
      Doctor("a reproduce command that is not the harness's",
-            _doctor_17_deliverable(lambda d: d["chosen"]["reproduce"].update(bench="curl ...")),
-            'saved[side]["reproduce"]["bench"].startswith'),
-     Doctor("the deliverable's gate says not safe",
-            _doctor_17_deliverable(lambda d: d["chosen"]["gate"].update(safe=False)), 'saved["chosen"]["gate"]["safe"] is True'),
+            _doctor_17_deliverable(lambda d: _offer17(d, d["chosen"])["reproduce"].update(bench="curl ...")),
+            'o.reproduce["bench"].startswith'),
+     Doctor("the deliverable's gate was overwritten to say safe",
+            lambda ns: (ns.update(gate=dataclasses.replace(ns["gate"], safe=False))), 'saved.gate["safe"] == gate.safe'),
+     Doctor("the deliverable chose a configuration its own evidence does not call the same model",
+            _doctor_17_deliverable(lambda d: d["drafting"].update(share=0.5)), "saved.safe(saved.chosen)"),
      Doctor("the HTML deliverable is missing", lambda ns: ns["paths"]["html"].unlink(), 'paths["md"].exists()'),
      )
 def lab_17(tmp: Path) -> dict[str, Any]:
-    # Lab 17 on the cpu profile (quick plan: 32-token answers, SLO 90% within TTFT 2,000 ms and TPOT 200 ms).
-    from helpers import cost
+    # Lab 17 on the cpu profile (quick plan: 32-token answers, SLO 90% within TTFT 2,000 ms and TPOT 200 ms); the
+    # INT8 checkpoint passed its gate, and n-gram drafting on it kept every greedy token of 4 answers of 32 tokens.
+    from helpers import cost, evals
     rates = {CONFIGS_17[0]: 1.0, CONFIGS_17[1]: 1.1, CONFIGS_17[2]: 1.3}
     rows = {n: {"max_rate_at_slo": r, "bracket": (r, 1.5 * r), "output_tokens_per_s_at_slo": r * 32 * 0.97,
                 "attainment at that rate": 0.95, "floor": None if n == CONFIGS_17[0] else rates[CONFIGS_17[0]]}
             for n, r in rates.items()}
-    pred = []
-    for d in ("h200", "b200"):
-        r = cost.roofline_rate_at_tpot("llama-3.1-8b", d, 40.0, 2048, efficiency=0.5)
-        pred.append({"row": f"{d} bf16", "$ per M output": cost.cost_at_slo(d, r.output_tokens_per_s).per_million_output})
+    gate = evals.Gate(candidate=CONFIGS_17[1], baseline="float32 baseline", safe=True,
+                      reasons=["drift: KL 0.0040 nats per token (ok)", "drift: top-1 agreement 97.0% (ok)"],
+                      figures={"drift": {"kl_mean": 0.004, "kl_ci": [0.003, 0.005], "top1": 0.97, "top1_ci": [0.96, 0.98],
+                                         "positions": 3000}})
     ns = dict(rows=rows, searches={n: SimpleNamespace(probes=[_probe(False), _probe(True)]) for n in CONFIGS_17},
-              BASE_NAME=CONFIGS_17[0],
-              PRICE=cost.price("cpu"), OUTPUT_LEN=32, safe={n: True for n in CONFIGS_17},
-              devices=pd.DataFrame(pred).set_index("row"), json=json, _reports=tmp / "reports",
-              measured=pd.DataFrame(rows.values()))
+              BASE_NAME=CONFIGS_17[0], PRICE=cost.price("cpu"), OUTPUT_LEN=32, json=json, cost=cost,
+              _reports=tmp / "reports", measured=pd.DataFrame(rows.values()), gate=gate,
+              drafting=evals.Agreement(prompts=4, identical=4, tokens=128, before_first_difference=128),
+              greedy_prompts=["p"] * 4, PLAN=plan.lab("17", "cpu", quick=True))
     _lab17_derive(ns)
     return ns
 
@@ -518,6 +532,21 @@ def test_lab17_check_passes_when_a_configuration_fails_down_to_its_floor(tmp_pat
     ns["rows"][CONFIGS_17[1]]["bracket"] = (None, 1.2)   # stopped above its floor: not a finished search
     with pytest.raises(AssertionError):
         check_cell("17").run(ns)
+
+
+def test_lab17_never_calls_safe_a_configuration_beside_a_gate_that_said_not_safe(tmp_path):
+    """The deliverable wrote the chosen configuration's "safe: true" over the quantized checkpoint's gate, even when
+    that gate said NOT SAFE and the choice was the baseline plus drafting. Each verdict now comes from its own
+    evidence: with the gate NOT SAFE, the quantized configurations are not the same model and the choice avoids them;
+    the gate is saved as measured."""
+    ns = lab_17(tmp_path)
+    ns["gate"] = dataclasses.replace(ns["gate"], safe=False)
+    _lab17_derive(ns)
+    dep = ns["deployment"]
+    assert not dep.safe(CONFIGS_17[1]) and not dep.safe(CONFIGS_17[2]) and dep.chosen == CONFIGS_17[0]
+    saved = json.loads(ns["paths"]["json"].read_text())
+    assert saved["gate"]["safe"] is False and saved["safe"][saved["chosen"]] is True
+    check_cell("17").run(ns)
 
 
 test_check_passes, test_doctored_measurement_fails, test_doctors_cover_every_assert = checks_for('phase3')
