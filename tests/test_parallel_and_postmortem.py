@@ -166,3 +166,31 @@ def test_alert_timeline_counts_transitions_inside_the_window_only():
     out = postmortem.alert_timeline(prom, t0, t0 + 60, 1.0)
     assert out["Q"] == {"pending_s": 5.0, "firing_s": 10.0}
     assert out["B"]["firing_s"] is None and out["B"]["firing_at_start"]
+
+
+def _timeline(queue_s: float | None, burn_s: float | None, breach_s: float | None = 30.0) -> postmortem.Timeline:
+    alerts = {"VLLMQueueBacklog": {"firing_s": queue_s}, "TTFTBudgetBurnFast": {"firing_s": burn_s}}
+    return postmortem.Timeline(overload_start_s=20.0, overload_end_s=50.0, capacity_rps=5.0, offered_peak_rps=7.5,
+                               first_breach_s=breach_s, alerts=alerts, queue_peak=40.0, queue_peak_predicted=45.0,
+                               queue=[(float(s), float(max(0, s - 20))) for s in range(0, 60)])
+
+
+def _write(t: postmortem.Timeline) -> str:
+    return postmortem.write(t, slo_ms=2500, queue_alert="VLLMQueueBacklog", burn_alerts=["TTFTBudgetBurnFast"],
+                            fix="a second replica")
+
+
+def test_the_postmortem_says_what_was_measured_not_the_lesson():
+    """It wrote "fired first", "the queue is the leading signal" and "the backlog already holds minutes of work"
+    whatever order and sign were measured. Each sentence is now chosen by the run."""
+    led = _write(_timeline(queue_s=25.0, burn_s=40.0))
+    assert "5.0 s *before* the first request" in led and "leading signal" in led
+    assert "VLLMQueueBacklog fired first (t = 25.0 s)" in led
+    assert "20 requests were already waiting, 4.0 s of work at capacity" in led  # the recorded queue at t = 40
+    lagged = _write(_timeline(queue_s=35.0, burn_s=32.0))
+    assert "5.0 s *after*" in lagged and "did not lead" in lagged and "leading signal" not in lagged
+    assert "TTFTBudgetBurnFast fired first" in lagged and "a burn-rate alert beat VLLMQueueBacklog" in lagged
+    quiet = _write(_timeline(queue_s=25.0, burn_s=None))
+    assert "No burn-rate alert fired" in quiet and "since no burn-rate alert fired at all" in quiet
+    assert "never fired" in _write(_timeline(queue_s=None, burn_s=None)) and "No alert fired" in _write(
+        _timeline(queue_s=None, burn_s=None))

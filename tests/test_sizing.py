@@ -592,8 +592,19 @@ def test_cli_json_for_llama_at_128k():
     data = json.loads(out)
     assert data["params_total"] == data["params_active"] == 8_030_261_248
     assert data["weight_bytes"] == 16_060_522_496
-    assert data["kv_bytes_per_token"] == 131_072
+    assert data["kv_bytes_per_cached_token"] == data["kv_bytes_per_token_beyond_window"] == 131_072
     assert data["kv_bytes_for_context"] == 131_072 * 131_072
+
+
+def test_cli_reports_a_sliding_window_models_cost_per_cached_token_not_zero():
+    """Mistral-7B-v0.1 windows all 32 layers at 4,096 tokens: the CLI printed kv_bytes_per_token 0 beside a 512 MiB
+    cache at 32K. A cached token costs 131,072 bytes; past the window a token adds nothing: each under its own name."""
+    out = subprocess.run([sys.executable, "-m", "helpers.sizing", "mistral-7b-v0.1", "--context", "32768", "--json"],
+                         capture_output=True, text=True, cwd=REPO, check=True).stdout
+    data = json.loads(out)
+    assert data["kv_bytes_per_cached_token"] == 32 * 2 * 8 * 128 * 2 == 131_072
+    assert data["kv_bytes_per_token_beyond_window"] == 0 and "kv_bytes_per_token" not in data
+    assert data["kv_bytes_for_context"] == 4096 * 131_072 == 512 * 2**20
 
 
 def test_cli_table_capacity_and_errors(capsys):

@@ -143,6 +143,15 @@ class Timeline:
     recovered_s: float | None = None
     before_fix: dict[str, Any] = field(default_factory=dict)
     after_fix: dict[str, Any] = field(default_factory=dict)
+    #: the recorded queue, (seconds, requests waiting), so the report can say what the backlog held at any instant
+    queue: list[tuple[float, float]] = field(default_factory=list)
+
+    def waiting_at(self, t_s: float | None) -> float | None:
+        """Requests waiting at ``t_s`` (the last sample at or before it), from the recorded queue."""
+        if t_s is None or not self.queue:
+            return None
+        before = [v for s, v in self.queue if s <= t_s]
+        return before[-1] if before else None
 
     def fired(self, alert: str) -> float | None:
         return (self.alerts.get(alert) or {}).get("firing_s")
@@ -165,6 +174,44 @@ def write(t: Timeline, *, slo_ms: float, queue_alert: str, burn_alerts: Sequence
     """
     burn = [(a, t.fired(a)) for a in burn_alerts]
     first_burn = min((f for _, f in burn if f is not None), default=None)
+    q_fired, breach = t.fired(queue_alert), t.first_breach_s
+    fired = sorted([(f, a) for a, f in [(queue_alert, q_fired), *burn] if f is not None])
+    # every sentence below is chosen by what was measured: which alert fired first, on which side of the first
+    # late request, and what the backlog held then — a run that disagrees with the lesson is reported as it was
+    if q_fired is None:
+        queue_line = f"- {queue_alert} never fired: its threshold or its `for:` was not reached in this run."
+    elif breach is None:
+        queue_line = f"- {queue_alert} fired at t = {_s(q_fired)}; no request missed the target."
+    else:
+        lead = q_fired - breach
+        queue_line = (f"- {queue_alert} fired {-lead:.1f} s *before* the first request missed the target: here the queue "
+                      "was the leading signal." if lead < 0 else
+                      f"- {queue_alert} fired {lead:.1f} s *after* the first request missed the target: in this run it "
+                      "did not lead (its threshold or its `for:` was too slow for this overload).")
+    if first_burn is None:
+        burn_line = "- No burn-rate alert fired: the incident was shorter than their windows."
+    elif breach is None:
+        burn_line = f"- The first burn-rate alert fired at t = {_s(first_burn)}, with no request over the target."
+    else:
+        burn_line = (f"- The first burn-rate alert fired {first_burn - breach:.1f} s after the first late request: burn "
+                     "rates confirm damage already done; they page, they do not predict." if first_burn >= breach else
+                     f"- The first burn-rate alert fired {breach - first_burn:.1f} s *before* the first late request "
+                     "(by send time): unusual, and worth reading the rule's windows against this run's records.")
+    held = t.waiting_at(first_burn)
+    if not fired:
+        page = "No alert fired in this run: none could have paged; the thresholds need another look."
+    else:
+        first_at, first = fired[0]
+        page = f"{first} fired first (t = {_s(first_at)})."
+        if first == queue_alert:
+            page += (" The queue alert should page and trigger scale-out (lab 22's autoscaler, KEDA's ScaledObject "
+                     "on the same metric)")
+            page += (f": when the first burn-rate alert fired, {held:.0f} requests were already waiting, "
+                     f"{held / t.capacity_rps:.1f} s of work at capacity." if held is not None and first_burn is not None
+                     else ", since no burn-rate alert fired at all.")
+        else:
+            page += (f" In this run a burn-rate alert beat {queue_alert}: the queue threshold was too high or its `for:`"
+                     " too long for this overload; lower them before trusting it to page.")
     lines = [
         "# Postmortem: one replica, deliberately overloaded", "",
         "## Summary", "",
@@ -175,25 +222,20 @@ def write(t: Timeline, *, slo_ms: float, queue_alert: str, burn_alerts: Sequence
         "## Timeline (seconds after the first request)", "",
         "| t | event |", "|---|---|",
         f"| {t.overload_start_s:.1f} | overload begins ({t.offered_peak_rps:.2f} req/s offered) |",
-        f"| {_s(t.fired(queue_alert))} | alert {queue_alert} firing |",
+        f"| {_s(q_fired)} | alert {queue_alert} firing |",
         f"| {_s(t.first_breach_s)} | first request over the TTFT target (by send time) |",
         *[f"| {_s(f)} | alert {a} firing |" for a, f in burn],
         f"| {t.overload_end_s:.1f} | overload ends |",
         f"| {_s(t.recovered_s)} | queue empty again |", "",
         "## Detection", "",
-        f"- {queue_alert} fired {_s(t.detection_delay_s(queue_alert))} relative to the first breach "
-        "(negative = before users felt it): the queue is the leading signal.",
-        f"- The first burn-rate alert fired {_s(None if first_burn is None or t.first_breach_s is None else first_burn - t.first_breach_s)} "
-        "after it: burn rates confirm damage already done; they page, they do not predict.", "",
+        queue_line, burn_line, "",
         "## Root cause", "",
         f"Arrivals above capacity: the backlog grows at offered − capacity = "
         f"{t.offered_peak_rps - t.capacity_rps:.2f} requests/s, and every queued request adds "
         f"1 / capacity = {1 / t.capacity_rps:.2f} s to the TTFT of those behind it. Nothing in the stack sheds load: "
         "vLLM queues every request it accepts, and the router had one replica to send to.", "",
         "## The alert that should have paged", "",
-        f"{queue_alert} (waiting requests per replica above threshold) fired first. It should page and trigger "
-        "scale-out (lab 22's autoscaler, KEDA's ScaledObject on the same metric), because by the time a burn-rate "
-        "alert fires the backlog already holds minutes of work.", "",
+        page, "",
         "## Fix and its measured effect", "",
         f"{fix}", "",
         "| run | p99 TTFT in the overload (ms) | requests within target | queue peak |", "|---|---|---|---|",

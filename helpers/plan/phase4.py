@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .. import runtime, sizing
+from .. import runtime
 from . import resources as res
 from .core import (TINY_MOE, TINY_TP, fits_context, fleet_model, gpu, gpu_fit, kv_per_token, long_enough, register,
                    shared_gpu_fit)

@@ -74,7 +74,9 @@ def summary(src, context: int, kv_dtype: str = "auto", weight_dtype: str = "auto
     """The headline numbers for one model at one context, as a dict (what the CLI prints).
 
     Keys: ``model``, ``params_total``, ``params_active``, ``weight_dtype``, ``weight_bytes``,
-    ``kv_dtype``, ``kv_bytes_per_token`` (one token in every full-attention layer), ``context`` and
+    ``kv_dtype``, ``kv_bytes_per_cached_token`` (what one token costs while the cache holds it: every layer, sliding
+    windows included), ``kv_bytes_per_token_beyond_window`` (what each token past the longest window adds: the
+    full-attention layers only; 0 for a model that windows every layer, as Mistral-7B-v0.1 does), ``context`` and
     ``kv_bytes_for_context`` (one sequence of ``context`` tokens, windows applied). ``group_size`` is
     for ``weight_dtype="int4"``.
 
@@ -92,7 +94,8 @@ def summary(src, context: int, kv_dtype: str = "auto", weight_dtype: str = "auto
         "weight_dtype": resolved_weight_dtype(cfg, wd),
         "weight_bytes": wb.total,
         "kv_dtype": cfg.dtype if kd == "auto" else kd,
-        "kv_bytes_per_token": kv_bytes_per_token(cfg, kd, tp=tp),
+        "kv_bytes_per_cached_token": kv_bytes_per_token(cfg, kd, tp=tp, include_sliding=True),
+        "kv_bytes_per_token_beyond_window": kv_bytes_per_token(cfg, kd, tp=tp),
         "context": int(context),
         "kv_bytes_for_context": kv_bytes_for_context(cfg, context, kd, tp=tp),
         "layers": cfg.layers,

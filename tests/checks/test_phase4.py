@@ -100,25 +100,15 @@ _LOAD_19 = [[62, 73, 65, 82, 208, 72, 137, 161], [83, 151, 61, 94, 209, 62, 160,
             [266, 98, 153, 69, 38, 52, 22, 162], [76, 17, 170, 187, 218, 39, 71, 82]]
 
 
-def _doctor_ep_placement(ns):
-    ns["placement"].loc[(ns["placement"]["EP ranks"] == 4) & (ns["placement"]["policy"] == "balanced"),
-                        "imbalance (mean over layers)"] = 1.6
-
-
 @lab("19",
      Doctor("vLLM's KV capacity is not the config's", lambda ns: ns["kv"].update({"KV tokens (vLLM)": 131072}),
             'abs(kv["KV tokens (vLLM)"]'),
      Doctor("a served request failed", lambda ns: setattr(ns["runs"][8].summary, "failed", 1),
             "all(r.summary.failed == 0"),
      Doctor("transformers decodes other tokens than vLLM", lambda ns: ns.update(agreement=0.5), "agreement >= 0.9"),
-     Doctor("the load lost a routed token", lambda ns: ns["load"].__setitem__((0, 0), ns["load"][0, 0] - 1),
-            "(load.sum(axis=1) =="),
-     Doctor("one token touched three experts", lambda ns: set_value(ns["touched"], 0, "measured", 3.0),
-            'loc[1, "measured"] == K'),
      Doctor("a batch touched more experts than uniform routing allows",
             lambda ns: set_value(ns["touched"], 2, "measured", ns["touched"]["uniform formula"].iloc[2] + 1.0),
             '(touched["measured"] <= touched["uniform formula"]'),
-     Doctor("balanced placement lost to contiguous", _doctor_ep_placement, '(wide["balanced"] <= wide["contiguous"]'),
      Doctor("the knob disagrees with the placement arithmetic",
             lambda ns: ns["knob_view"].__setitem__("imbalance", ns["knob_view"]["imbalance"] + 0.001),
             'knob_view["imbalance"].iloc[0] =='),
@@ -205,7 +195,9 @@ def lab_20(tmp: Path) -> dict[str, Any]:
 _HITS_21 = {("no tier", "cold"): (0.0, 0.0), ("no tier", "warm"): (1792.0, 0.0), ("no tier", "flush"): (0.0, 0.0),
             ("no tier", "after eviction"): (0.0, 0.0), ("disk tier", "cold"): (0.0, 0.0),
             ("disk tier", "warm"): (1792.0, 0.0), ("disk tier", "flush"): (0.0, 0.0),
-            ("disk tier", "after eviction"): (0.0, 1792.0)}
+            ("disk tier", "after eviction"): (0.0, 1792.0), ("no tier", "flush again"): (0.0, 0.0),
+            ("no tier", "mixed"): (0.0, 0.0), ("disk tier", "flush again"): (0.0, 0.0),
+            ("disk tier", "mixed"): (0.0, 1792.0)}
 
 
 @lab("21",
@@ -228,6 +220,13 @@ _HITS_21 = {("no tier", "cold"): (0.0, 0.0), ("no tier", "warm"): (1792.0, 0.0),
             lambda ns: ns.update(load_s=ns["recompute_s"] * 1.2), "assert break_even is None"),
      Doctor("the break-even is not where both TTFTs agree", lambda ns: ns.update(break_even=ns["break_even"] + 0.05),
             "break_even is not None and abs(kvstore.tiered_ttft("),
+     Doctor("the tier handed back less of the mixed visit than predicted",
+            lambda ns: ns["hits"][("disk tier", "mixed")].update(disk=896.0),
+            'hits[("disk tier", "mixed")]["disk"] == predicted_disk'),
+     # the expected-TTFT model is wrong if a mixed load takes far longer than three medians say
+     Doctor("the mixed visit took half again what the model predicts",
+            lambda ns: ns["measured_mixed"].update({"disk tier": 1.5 * ns["predicted_mixed"]["disk tier"]}),
+            "abs(measured_mixed[n] / predicted_mixed[n] - 1) < 0.35"),
      Doctor("the knob disagrees with the arithmetic",
             lambda ns: set_value(ns["knob_view"], 0, "expected TTFT here at this hit rate (ms)",
                             ns["knob_view"]["expected TTFT here at this hit rate (ms)"].iloc[0] + 1.0),
@@ -243,20 +242,25 @@ def lab_21(tmp: Path) -> dict[str, Any]:
     hits = {k: {"device": d, "disk": e} for k, (d, e) in _HITS_21.items()}
     ttft = {("no tier", "cold"): 600.0, ("no tier", "warm"): 90.0, ("no tier", "flush"): 610.0,
             ("no tier", "after eviction"): 590.0, ("disk tier", "cold"): 680.0, ("disk tier", "warm"): 95.0,
-            ("disk tier", "flush"): 690.0, ("disk tier", "after eviction"): 140.0}
-    sent = {"cold": repeats, "warm": repeats, "flush": 5, "after eviction": repeats}
+            ("disk tier", "flush"): 690.0, ("disk tier", "after eviction"): 140.0, ("no tier", "flush again"): 605.0,
+            ("no tier", "mixed"): 598.0, ("disk tier", "flush again"): 688.0, ("disk tier", "mixed"): 402.0}
+    sent = {"cold": repeats, "warm": repeats, "flush": 5, "after eviction": repeats, "flush again": 5,
+            "mixed": 2 * repeats}
     table = pd.DataFrame([{"server": s, "visit": v, "requests": sent[v], "completed": sent[v], "TTFT p50 (ms)": t,
-                           "failed": 0, "why short": "", "device hits": hits[(s, v)]["device"],
+                           "TTFT mean (ms)": t, "failed": 0, "why short": "", "device hits": hits[(s, v)]["device"],
                            "disk hits": hits[(s, v)]["disk"]} for (s, v), t in ttft.items()])
     recompute_s, load_s = 0.590, 0.140
     overhead_s = 0.080
+    # the mixed visit, as the lab predicts it from the three medians: half loaded from disk, half recomputed + saved
+    predicted_mixed = {"disk tier": kvstore.tiered_ttft(0.5, load_s, recompute_s, overhead_s), "no tier": recompute_s}
+    measured_mixed = {s: ttft[(s, "mixed")] / 1e3 for s in ("no tier", "disk tier")}
     knob_view = pd.DataFrame([{"tier": "x", "expected TTFT here at this hit rate (ms)": round(
         kvstore.tiered_ttft(0.5, load_s, recompute_s, overhead_s) * 1e3, 3)}])
     return dict(table=table, servers={"no tier": None, "disk tier": None}, hits=hits, REPEATS=repeats, block=block,
                 PROMPT=prompt, predicted_disk=repeats * kvstore.injected_tokens(prompt, block), load_s=load_s,
                 recompute_s=recompute_s, overhead_s=overhead_s,
                 break_even=kvstore.break_even_hit_rate(load_s, recompute_s, overhead_s), kvstore=kvstore,
-                knob_view=knob_view)
+                knob_view=knob_view, predicted_mixed=predicted_mixed, measured_mixed=measured_mixed)
 
 
 def test_lab21_check_holds_where_a_gpu_prefills_faster_than_the_disk_reads_back(tmp_path):
@@ -315,8 +319,6 @@ def _doctor_hits(policy: str, hits: tuple[int, int]):
             "event is not None and event.error is None"),
      Doctor("the scale-out replica was a parked one, adopted",
             lambda ns: setattr(ns["scaler"].started[-1], "reused", True), "not scaler.started[-1].reused"),
-     Doctor("the autoscaler fired before the queue held for HOLD_S",
-            lambda ns: setattr(ns["event"], "decision_s", 11.0), "fleet.decide("),
      Doctor("the router registered the replica before it was healthy",
             lambda ns: setattr(ns["event"], "registered_s", ns["event"].healthy_s - 1.0),
             "event.decision_s < event.healthy_s <= event.registered_s"),
@@ -375,7 +377,10 @@ def _doctor_empty_panel(ns):
             "q_fired is not None and overload_start <= q_fired <= overload_end"),
      Doctor("a burn-rate alert fired before the queue alert",
             lambda ns: ns["timeline"].alerts["VllmTTFTBudgetBurn1m"].update(firing_s=20.0),
-            "all(q_fired < b for b in burns)"),
+            "burns and all(q_fired < b for b in burns)"),
+     Doctor("no burn-rate alert fired (nothing paged)",
+            lambda ns: [a.update(firing_s=None) for n, a in ns["timeline"].alerts.items() if "Burn" in n],
+            "burns and all(q_fired < b for b in burns)"),
      Doctor("a dashboard panel returned nothing", _doctor_empty_panel, "an empty panel"),
      Doctor("the queue peaked as high after the fix",
             lambda ns: ns["timeline"].after_fix.update(queue_peak=9.0), 'timeline.after_fix["queue_peak"] <'),
