@@ -34,7 +34,11 @@ def render() -> str:
             if spec is None:
                 continue
             title = harness.NOTEBOOKS[number].stem[3:].replace("_", " ")
-            lines += [f"## Lab {number}: {title}", "", "| doctored measurement | fails at |", "|---|---|"]
+            derive = len(harness.check_cell(number).derive)
+            through = (f"The doctors change raw measurements; the lab's own {derive} `derive` cell"
+                       f"{'s' if derive > 1 else ''} turn them into what the check reads." if derive else
+                       "The check reads values the test builds the lab's way (no `derive` cells tagged yet).")
+            lines += [f"## Lab {number}: {title}", "", through, "", "| doctored measurement | fails at |", "|---|---|"]
             lines += [f"| {d.claim} | `{d.fails_at.replace('|', chr(92) + '|')}` |" for d in spec.doctors]
             lines.append("")
     return "\n".join(lines)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Any, Mapping
 
 __all__ = ["Price", "PRICES", "price", "CostRow", "cost_per_million", "cost_at_slo", "compare", "RooflineRate",
            "roofline_rate_at_tpot", "Offer", "Deployment"]
@@ -243,6 +243,11 @@ class Offer:
     reproduce: dict = dataclasses.field(default_factory=dict)
 
 
+def _verdict(gate: dict[str, Any]) -> str:
+    """A saved gate's verdict: SAFE, NOT SAFE or INCONCLUSIVE (gates saved before verdicts said only safe or not)."""
+    return gate.get("verdict") or ("SAFE" if gate["safe"] else "NOT SAFE")
+
+
 @dataclass
 class Deployment:
     """Phase 3's deliverable: configurations searched at one SLO and priced, the choice, and the evidence that the
@@ -285,7 +290,7 @@ class Deployment:
         if o.checkpoint == self.baseline_checkpoint:
             out.append("checkpoint: the baseline's own (the reference every gate compares against)")
         elif self.gate is not None and o.checkpoint == self.gated_checkpoint:
-            out.append(f"checkpoint: lab 15's gate against the baseline said {'SAFE' if self.gate['safe'] else 'NOT SAFE'}")
+            out.append(f"checkpoint: lab 15's gate against the baseline said {_verdict(self.gate)}")
         else:
             out.append("checkpoint: not gated (no accuracy gate measured this checkpoint)")
         if o.speculative:
@@ -363,7 +368,7 @@ class Deployment:
         if self.gate is not None:
             g = self.gate
             md += ["", f"## The gate: `{self.gated_checkpoint}` against the baseline: "
-                   f"{'SAFE' if g['safe'] else 'NOT SAFE'}", ""] + [f"- {r}" for r in g["reasons"]]
+                   f"{_verdict(g)}", ""] + [f"- {r}" for r in g["reasons"]]
             d = g["figures"]["drift"]
             md += ["", f"Drift: KL {d['kl_mean']:.4f} nats/token (95% CI {d['kl_ci'][0]:.4f}-{d['kl_ci'][1]:.4f}), "
                    f"top-1 agreement {d['top1']:.1%} (95% CI {d['top1_ci'][0]:.1%}-{d['top1_ci'][1]:.1%}) over "

@@ -560,7 +560,12 @@ def quality(server: Any, name: str, baseline: Quality | None = None, *, tasks: S
 
 @dataclass
 class Gate:
-    """Safe or not, with every reason and the figures behind it.
+    """The gate's verdict, with every reason and the figures behind it.
+
+    ``verdict`` is ``"SAFE"`` (every criterion passed on evidence), ``"NOT SAFE"`` (a criterion failed) or
+    ``"INCONCLUSIVE"`` (none failed, but the evidence cannot rule out the loss the policy forbids, or a measurement
+    is missing); ``safe`` is true only for ``"SAFE"``. ``failed`` and ``inconclusive`` name the criteria,
+    ``deciding`` holds their reasons (empty when every criterion passed).
 
     Introduced in lab 15 (Proving Quantization Safe).
     """
@@ -570,62 +575,115 @@ class Gate:
     safe: bool
     reasons: list[str]
     figures: dict[str, Any]
+    verdict: str = ""
+    failed: list[str] = field(default_factory=list)
+    inconclusive: list[str] = field(default_factory=list)
+    deciding: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.verdict:  # a Gate saved before verdicts existed: safe or not was all it said
+            self.verdict = "SAFE" if self.safe else "NOT SAFE"
+        if self.verdict not in ("SAFE", "NOT SAFE", "INCONCLUSIVE") or (self.verdict == "SAFE") != self.safe:
+            raise ValueError(f"gate {self.candidate}: verdict {self.verdict!r} with safe={self.safe}: "
+                             "a gate is safe exactly when its verdict is SAFE")
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     def __str__(self) -> str:
-        head = f"{self.candidate} vs {self.baseline}: {'SAFE' if self.safe else 'NOT SAFE'}"
-        return head + "".join(f"\n  - {r}" for r in self.reasons)
+        return f"{self.candidate} vs {self.baseline}: {self.verdict}" + "".join(f"\n  - {r}" for r in self.reasons)
 
 
 def gate(baseline: Quality, candidate: Quality, *, max_task_drop: float = 0.05, max_kl: float = 0.05,
          min_top1: float = 0.90, max_long_drop: float = 0.25) -> Gate:
-    """The gate: a candidate is safe when no task's accuracy dropped by more than ``max_task_drop`` with confidence
-    (the paired interval of the drop lies wholly above it), its KL from the baseline is under ``max_kl`` and its
-    top-1 agreement over ``min_top1``, and at *no* context length did retrieval drop by more than ``max_long_drop``.
+    """The gate: a candidate is SAFE when the evidence bounds its loss, on every criterion:
 
-    Every check is reported, passing or not, so a reader sees which measurement decided.
+    - task accuracy, pooled over every question of every task: the paired interval of the change lies wholly above
+      ``-max_task_drop`` (wholly below it fails; an interval that straddles it is *inconclusive*: too few questions
+      to rule the loss out, which is not a pass);
+    - each task alone fails if its paired interval lies wholly below ``-max_task_drop`` (a per-task interval that
+      only straddles it is reported, not decisive: a few dozen questions cannot bound a task by 5 points);
+    - drift: KL from the baseline under ``max_kl`` and top-1 agreement over ``min_top1``;
+    - at *no* context length did retrieval drop by more than ``max_long_drop``.
+
+    A task or length the baseline measured and the candidate did not is missing evidence: never a pass. Every
+    criterion is reported, passing or not, so a reader sees which measurement decided.
 
     Introduced in lab 15 (Proving Quantization Safe).
     """
     if candidate.drift is None:
         raise ValueError(f"{candidate.name} has no drift: measure it with quality(..., baseline=...)")
-    reasons, figures, safe = [], {}, True
+    reasons: list[str] = []
+    figures: dict[str, Any] = {}
+    failed: list[str] = []
+    inconclusive: list[str] = []
+    deciding: list[str] = []
+
+    def judge(criterion: str, status: str, reason: str) -> None:
+        reasons.append(reason)
+        if status != "ok":
+            {"fail": failed, "inconclusive": inconclusive}[status].append(criterion)
+            deciding.append(reason)
+
+    pooled_base: list[float] = []
+    pooled_cand: list[float] = []
     for t, base in baseline.accuracy.tasks.items():
         cand = candidate.accuracy.tasks.get(t)
-        if cand is None:
+        ids = [q for q in base.correct if cand is not None and q in cand.correct]
+        if not ids:
+            judge(f"task {t}", "inconclusive", f"task {t}: not measured for the candidate (no evidence: not a pass)")
             continue
-        ids = [q for q in base.correct if q in cand.correct]
-        diff, ci = paired_diff_ci([base.correct[q] for q in ids], [cand.correct[q] for q in ids])
-        figures[f"task {t}"] = {"baseline": base.accuracy, "candidate": cand.accuracy, "diff": diff, "diff_ci": ci}
+        a, b = [base.correct[q] for q in ids], [cand.correct[q] for q in ids]
+        pooled_base += a
+        pooled_cand += b
+        diff, ci = paired_diff_ci(a, b)
+        figures[f"task {t}"] = {"baseline": base.accuracy, "candidate": cand.accuracy, "diff": diff, "diff_ci": ci,
+                                "questions": len(ids)}
         if ci is not None and ci[1] < -max_task_drop:
-            safe = False
-            reasons.append(f"task {t}: accuracy {base.accuracy:.0%} -> {cand.accuracy:.0%}, a drop beyond "
-                           f"{max_task_drop:.0%} with 95% confidence ({ci[0]:+.0%} to {ci[1]:+.0%})")
+            judge(f"task {t}", "fail", f"task {t}: accuracy {base.accuracy:.0%} -> {cand.accuracy:.0%}, a drop "
+                  f"beyond {max_task_drop:.0%} with 95% confidence ({ci[0]:+.0%} to {ci[1]:+.0%})")
+        elif ci is None or ci[0] < -max_task_drop:
+            reasons.append(f"task {t}: {base.accuracy:.0%} -> {cand.accuracy:.0%} (alone inconclusive at {len(ids)} "
+                           "questions: the pooled interval decides)")
         else:
             reasons.append(f"task {t}: {base.accuracy:.0%} -> {cand.accuracy:.0%} (ok)")
+    if pooled_base:
+        diff, ci = paired_diff_ci(pooled_base, pooled_cand)
+        figures["tasks pooled"] = {"diff": diff, "diff_ci": ci, "questions": len(pooled_base)}
+        span = f"{diff:+.1%} over {len(pooled_base)} paired questions (95% CI " + (
+            f"{ci[0]:+.1%} to {ci[1]:+.1%})" if ci else "none)")
+        if ci is not None and ci[1] < -max_task_drop:
+            judge("tasks pooled", "fail", f"tasks pooled: {span}: a drop beyond {max_task_drop:.0%} with 95% confidence")
+        elif ci is None or ci[0] < -max_task_drop:
+            judge("tasks pooled", "inconclusive",
+                  f"tasks pooled: {span}: a drop of {max_task_drop:.0%} cannot be ruled out (inconclusive)")
+        else:
+            reasons.append(f"tasks pooled: {span} (ok)")
+    elif baseline.accuracy.tasks:
+        judge("tasks pooled", "inconclusive", "tasks pooled: no question measured for both (no evidence: not a pass)")
     d = candidate.drift
     figures["drift"] = d.as_dict()
     if d.kl_mean > max_kl:
-        safe = False
-        reasons.append(f"drift: KL {d.kl_mean:.4f} nats per token > {max_kl}")
+        judge("drift KL", "fail", f"drift: KL {d.kl_mean:.4f} nats per token > {max_kl}")
     else:
         reasons.append(f"drift: KL {d.kl_mean:.4f} nats per token (ok)")
     if d.top1 < min_top1:
-        safe = False
-        reasons.append(f"drift: top-1 agreement {d.top1:.1%} < {min_top1:.0%}")
+        judge("drift top-1", "fail", f"drift: top-1 agreement {d.top1:.1%} < {min_top1:.0%}")
     else:
         reasons.append(f"drift: top-1 agreement {d.top1:.1%} (ok)")
     for length, base in baseline.long_context.lengths.items():
         cand = candidate.long_context.lengths.get(length)
         if cand is None:
+            judge(f"long context {length}", "inconclusive",
+                  f"long context at {length:,} tokens: not measured for the candidate (no evidence: not a pass)")
             continue
         drop = base.accuracy - cand.accuracy
         figures[f"long context {length}"] = {"baseline": base.accuracy, "candidate": cand.accuracy}
         if drop > max_long_drop:
-            safe = False
-            reasons.append(f"long context at {length:,} tokens: retrieval {base.accuracy:.0%} -> {cand.accuracy:.0%}")
+            judge(f"long context {length}", "fail",
+                  f"long context at {length:,} tokens: retrieval {base.accuracy:.0%} -> {cand.accuracy:.0%}")
         else:
             reasons.append(f"long context at {length:,} tokens: {base.accuracy:.0%} -> {cand.accuracy:.0%} (ok)")
-    return Gate(candidate=candidate.name, baseline=baseline.name, safe=safe, reasons=reasons, figures=figures)
+    verdict = "NOT SAFE" if failed else "INCONCLUSIVE" if inconclusive else "SAFE"
+    return Gate(candidate=candidate.name, baseline=baseline.name, safe=verdict == "SAFE", reasons=reasons,
+                figures=figures, verdict=verdict, failed=failed, inconclusive=inconclusive, deciding=deciding)

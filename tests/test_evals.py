@@ -31,31 +31,49 @@ def test_bootstrap_intervals_cover_the_mean_and_narrow_with_more_items():
     assert diff == pytest.approx(-0.2) and ci[1] < 0 < 1
 
 
-def _quality(name, task_correct, long_acc, kl=None, top1=None):
-    tasks = {"t": evals.TaskScore("t", {f"q{i}": float(c) for i, c in enumerate(task_correct)},
-                                 float(np.mean(task_correct)), evals.bootstrap_mean_ci(task_correct))}
-    acc = evals.Accuracy(tasks, float(np.mean(task_correct)), None, 0.0, "")
+def _quality(name, task_correct, long_acc, kl=None, top1=None, tasks=("t",)):
+    scores = {t: evals.TaskScore(t, {f"q{i}": float(c) for i, c in enumerate(task_correct)},
+                                 float(np.mean(task_correct)), evals.bootstrap_mean_ci(task_correct)) for t in tasks}
+    acc = evals.Accuracy(scores, float(np.mean(task_correct)), None, 0.0, "")
     lc = evals.LongContext({n: evals.LengthScore(n, 8, [a] * 8, a, None) for n, a in long_acc.items()})
     drift = None if kl is None else evals.Drift(kl, None, kl, top1, None, 1000, 40, 20)
     return evals.Quality(name, acc, lc, drift)
 
 
 def test_gate_passes_a_faithful_candidate_and_names_what_fails():
-    base = _quality("bf16", [1] * 40, {512: 1.0, 2048: 0.9})
-    good = _quality("int8", [1] * 39 + [0], {512: 1.0, 2048: 0.9}, kl=0.01, top1=0.97)
+    base = _quality("bf16", [1] * 400, {512: 1.0, 2048: 0.9})
+    good = _quality("int8", [1] * 396 + [0] * 4, {512: 1.0, 2048: 0.9}, kl=0.01, top1=0.97)
     g = evals.gate(base, good)
-    assert g.safe and all("(ok)" in r for r in g.reasons)
+    assert g.safe and g.verdict == "SAFE" and all("(ok)" in r for r in g.reasons) and not g.deciding, g
     # The average hides it: same task accuracy, but retrieval at the long end collapsed.
-    hidden = _quality("int4", [1] * 40, {512: 1.0, 2048: 0.25}, kl=0.02, top1=0.95)
+    hidden = _quality("int4", [1] * 400, {512: 1.0, 2048: 0.25}, kl=0.02, top1=0.95)
     g = evals.gate(base, hidden)
-    assert not g.safe and any("2,048 tokens" in r and "(ok)" not in r for r in g.reasons)
-    drifted = _quality("fp4", [1] * 40, {512: 1.0, 2048: 0.9}, kl=0.3, top1=0.7)
-    assert [r for r in evals.gate(base, drifted).reasons if "(ok)" not in r] == [
+    assert g.verdict == "NOT SAFE" and g.failed == ["long context 2048"] and "2,048 tokens" in g.deciding[0]
+    drifted = _quality("fp4", [1] * 400, {512: 1.0, 2048: 0.9}, kl=0.3, top1=0.7)
+    assert evals.gate(base, drifted).deciding == [
         "drift: KL 0.3000 nats per token > 0.05", "drift: top-1 agreement 70.0% < 90%"]
-    worse = _quality("bad", [0] * 20 + [1] * 20, {512: 1.0, 2048: 0.9}, kl=0.01, top1=0.97)
-    assert not evals.gate(base, worse).safe
+    worse = _quality("bad", [0] * 200 + [1] * 200, {512: 1.0, 2048: 0.9}, kl=0.01, top1=0.97)
+    assert evals.gate(base, worse).failed == ["task t", "tasks pooled"]
     with pytest.raises(ValueError, match="no drift"):
         evals.gate(base, base)
+
+
+def test_the_gate_never_passes_on_missing_or_inconclusive_evidence():
+    """One wrong answer in 40 cannot rule out a 5-point drop (the paired interval reaches about -7.5 points): the
+    gate says INCONCLUSIVE, not SAFE, though nothing failed. A task or a length the candidate was not measured on is
+    missing evidence, never a pass (the gate used to skip it)."""
+    base = _quality("bf16", [1] * 40, {512: 1.0})
+    few = evals.gate(base, _quality("int8", [1] * 39 + [0], {512: 1.0}, kl=0.01, top1=0.97))
+    assert (few.verdict, few.safe, few.failed, few.inconclusive) == ("INCONCLUSIVE", False, [], ["tasks pooled"])
+    assert "cannot be ruled out" in few.deciding[0] and "INCONCLUSIVE" in str(few)
+    base2 = _quality("bf16", [1] * 400, {512: 1.0, 2048: 0.9}, tasks=("a", "b"))
+    part = _quality("int8", [1] * 400, {512: 1.0}, kl=0.01, top1=0.97, tasks=("a",))
+    g = evals.gate(base2, part)
+    assert g.verdict == "INCONCLUSIVE" and g.inconclusive == ["task b", "long context 2048"], g
+    assert all("not measured" in r for r in g.deciding)
+    # a gate saved before verdicts existed reads back with the verdict its flag said
+    old = {k: v for k, v in g.as_dict().items() if k not in ("verdict", "failed", "inconclusive", "deciding")}
+    assert evals.Gate(**{**old, "safe": False}).verdict == "NOT SAFE"
 
 
 def test_a_malformed_task_line_names_the_file_and_line(tmp_path, monkeypatch):

@@ -4,8 +4,11 @@ The project rule: a check cell must be able to fail, and for each one we must kn
 it fail. The files beside this one show it, one per phase (``test_phase1.py`` ... ``test_capstone.py``, as
 ``helpers.plan`` is split), lab by lab, on the check cells *as committed*; this one holds what they share:
 
-1. The source of the one code cell tagged ``check`` is read straight from ``labs/NN_*.ipynb`` (never copied here).
-2. A namespace builder (``lab_NN`` below, registered with ``@lab("NN", ...)``) makes the objects that cell reads,
+1. The source of the one code cell tagged ``check`` is read straight from ``labs/NN_*.ipynb`` (never copied here),
+   and so are the cells tagged ``derive``: the lab's own derivations from its raw measurements (gates from saved
+   qualities, tables from records). They run, in the notebook's order, before the check cell, so a doctored raw
+   measurement travels through the lab's own code, not a copy of it.
+2. A namespace builder (``lab_NN`` below, registered with ``@lab("NN", ...)``) makes the objects those cells read,
    shaped like a real run's: the real ``helpers`` types where they are cheap (``StartupInfo`` parsed from vLLM log
    lines, ``bench`` summaries, records and run folders, ``ServerView``, ``sizing`` capacities and Sizing Sheets,
    ``fleet`` routing predictions, scale-out events and the autoscaler's rule), DataFrames with the columns the lab
@@ -14,7 +17,8 @@ it fail. The files beside this one show it, one per phase (``test_phase1.py`` ..
    profile), else numbers of the same shape and plan; a GPU profile's where the claim only holds there (lab 06).
    Each builder says which. Values the lab derives are derived the lab's way. ``test_check_passes`` executes the
    cell on it: it must pass, which proves the claim is satisfiable and the builder faithful.
-3. Each :class:`Doctor` changes one measurement of that namespace, named after the claim it breaks, and
+3. Each :class:`Doctor` changes one measurement of that namespace (a raw one where the lab tags its derivations),
+   named after the claim it breaks, and
    ``test_doctored_measurement_fails`` asserts the cell then raises ``AssertionError`` *at the assert that states
    that claim* (``fails_at``, a fragment of that assert statement), not at some other line.
 4. ``test_doctors_cover_every_assert`` requires every ``assert`` statement of every check cell to be made to fail by
@@ -77,18 +81,26 @@ class CheckCell:
                 return ast.get_source_segment(self.source, n)
         return None
 
+    derive: tuple[str, ...] = ()
+
     def run(self, ns: dict[str, Any]) -> None:
+        """The lab's derivation cells (tagged ``derive``), then the check cell, on ``ns``."""
+        for i, source in enumerate(self.derive):
+            exec(compile(source, f"<derive cell {i} of {self.path.name}>", "exec"), ns)  # noqa: S102
         exec(compile(self.source, self.filename, "exec"), ns)  # noqa: S102 - the lab's own committed cell
+
+
+def _tagged(nb: dict, tag: str) -> list[str]:
+    return ["".join(c["source"]) if isinstance(c["source"], list) else c["source"] for c in nb["cells"]
+            if c["cell_type"] == "code" and tag in c.get("metadata", {}).get("tags", [])]
 
 
 def check_cell(number: str) -> CheckCell:
     path = NOTEBOOKS[number]
     nb = json.loads(path.read_text())
-    cells = [c for c in nb["cells"]
-             if c["cell_type"] == "code" and "check" in c.get("metadata", {}).get("tags", [])]
+    cells = _tagged(nb, "check")
     assert len(cells) == 1, f"{path.name} has {len(cells)} cells tagged 'check'; a lab has exactly one"
-    src = cells[0]["source"]
-    return CheckCell(number, path, "".join(src) if isinstance(src, list) else src)
+    return CheckCell(number, path, cells[0], tuple(_tagged(nb, "derive")))
 
 
 # ------------------------------------------------------------------------------------------ the registry

@@ -15,7 +15,7 @@ from typing import Any
 import pandas as pd
 import pytest
 
-from helpers import plan, sizing
+from helpers import evals, plan, sizing
 from tests.checks.harness import (CPU_DESCRIPTION, LABS, SMOLLM2, Doctor, check_cell, checks_for, lab, make_summary,
                                   set_value)
 
@@ -226,6 +226,8 @@ def lab_14(tmp: Path) -> dict[str, Any]:
 # ================================================================================================== lab 15
 INT8_15, MXFP4_15 = "INT8 W8A8 (round to nearest)", "MXFP4 weights (fake-quantized)"
 GATE_15 = {"max_task_drop": 0.05, "max_kl": 0.05, "min_top1": 0.90, "max_long_drop": 0.25}
+BASE_WRONG_15 = {"arithmetic": 3, "facts": 1, "sequences": 2}   # the baseline's wrong answers of 8 per task
+_TASKS_15 = evals.TASKS
 
 
 def _quality(name: str, wrong: dict[str, int], lc: dict[int, float], drift: tuple[float, float] | None,
@@ -252,29 +254,19 @@ def _quality(name: str, wrong: dict[str, int], lc: dict[int, float], drift: tupl
                          logprobs=[[{1: -0.1, 2: -2.5}]] if drift is None else [])
 
 
-def _lab15_derive(ns):
-    """The lab's own derivations from results: gates, the average view, the examples, the knob's default table."""
-    from helpers import evals
-    base, results, GATE = ns["base"], ns["results"], ns["GATE"]
-    ns["gates"] = gates = {n: evals.gate(base, q, **GATE) for n, q in results.items()}
-    rows = []
-    for q in results.values():
-        ids = [i for i in base.accuracy.per_question() if i in q.accuracy.per_question()]
-        diff, ci = evals.paired_diff_ci([base.accuracy.per_question()[i] for i in ids],
-                                        [q.accuracy.per_question()[i] for i in ids])
-        rows.append({"configuration": q.name, "average change": diff, "95% CI lo": ci[0], "95% CI hi": ci[1],
-                     "average alone says": "no detectable loss" if ci[1] >= -GATE["max_task_drop"]
-                     and ci[0] <= 0 <= ci[1] or ci[0] > 0 else "worse"})
-    ns["hidden"] = hidden = pd.DataFrame(rows).set_index("configuration")
-    ns["examples"] = [n for n in results if hidden.loc[n, "average alone says"] == "no detectable loss"
-                      and not gates[n].safe]
-    ns["gate_default"] = pd.DataFrame([{"configuration": n, "safe": g.safe} for n, g in gates.items()]
-                                      ).set_index("configuration")
-
-
-def _doctor_15_flip_gate(name: str, safe: bool):
+def _doctor_15_drift(name: str, kl: float, top1: float):
+    """Candidate ``name``'s drift measured as (KL, top-1 agreement), with the intervals its builder gives."""
     def doctor(ns):
-        ns["gates"][name].safe = safe
+        q = ns["results"][name]
+        q.drift = _quality(name, {}, {}, (kl, top1)).drift
+    return doctor
+
+
+def _doctor_15_wrong(name: str, wrong: dict[str, int]):
+    """Candidate ``name`` answered ``wrong[task]`` of each task's 8 questions wrong (its drift as measured)."""
+    def doctor(ns):
+        q = ns["results"][name]
+        q.accuracy = _quality(name, wrong, {}, None).accuracy
     return doctor
 
 
@@ -286,54 +278,61 @@ def _doctor_15_flip_gate(name: str, safe: bool):
             "base.long_context.lengths[LENGTHS[0]].accuracy >= 0.75"),
      Doctor("a candidate's drift read fewer texts", lambda ns: setattr(ns["results"][MXFP4_15].drift, "texts", 15),
             "q.drift.texts == len(TEXTS)"),
-     Doctor("the 4-bit candidate drifted less than the 8-bit one",
-            lambda ns: setattr(ns["results"][MXFP4_15].drift, "kl_mean", 0.003), "results[WORKED_EXAMPLE].drift.kl_mean >"),
-     Doctor("the 4-bit candidate passed", _doctor_15_flip_gate(MXFP4_15, True), "not gates[WORKED_EXAMPLE].safe"),
-     Doctor("the 4-bit damage shows in the average too", lambda ns: ns.update(examples=[]), "assert examples"),
+     Doctor("the 4-bit candidate drifted less than the 8-bit one", _doctor_15_drift(MXFP4_15, 0.003, 0.82),
+            "results[WORKED_EXAMPLE].drift.kl_mean >"),
+     # drifting a little more than the 8-bit one, within every limit, and answering as the baseline: the gate passes
+     Doctor("the 4-bit candidate passed",
+            lambda ns: (_doctor_15_drift(MXFP4_15, 0.03, 0.95)(ns), _doctor_15_wrong(MXFP4_15, BASE_WRONG_15)(ns)),
+            'gates[WORKED_EXAMPLE].verdict == "NOT SAFE"'),
+     # every task answered wrong: the average sees the damage, so it is no example of damage the average hides
+     Doctor("the 4-bit damage shows in the average too", _doctor_15_wrong(MXFP4_15, {t: 8 for t in _TASKS_15}),
+            "assert examples"),
      Doctor("the example's drift interval reaches the limit",
             lambda ns: (setattr(ns["results"][MXFP4_15].drift, "kl_ci", (0.04, 0.2)),
                         setattr(ns["results"][MXFP4_15].drift, "top1_ci", (0.85, 0.91))),
             'results[n].drift.kl_ci[0] > GATE["max_kl"]'),
-     Doctor("a gate without its reasons", lambda ns: ns["gates"][MXFP4_15].reasons.__delitem__(slice(3, None)),
-            "len(g.reasons) >="),
-     Doctor("the knob gives another verdict", lambda ns: ns["gate_default"].__setitem__("safe", True),
-            'bool(gate_default.loc[n, "safe"])'),
      Doctor("the baseline was not saved for lab 17", lambda ns: (ns["QUALITY_DIR"] / "baseline.json").unlink(),
             '(QUALITY_DIR / "baseline.json").exists()'),
      )
 def lab_15(tmp: Path) -> dict[str, Any]:
     # Lab 15 on the cpu profile (quick plan: 16 drift texts, 8 questions per task, lengths 512 and 2,048, one haystack).
     # The shapes of a real run: INT8 W8A8 moves KL by thousandths, MXFP4 by a tenth of a nat with one or two more
-    # wrong answers per task — inside the task average's interval.
+    # wrong answers per task — inside the task average's interval. Raw measurements only: the lab's own derive cells
+    # gate them and build its tables.
     from helpers import evals
     lengths = [512, 2048]
-    base_wrong = {"arithmetic": 3, "facts": 1, "sequences": 2}
-    base = _quality("smollm2 float32", base_wrong, {512: 1.0, 2048: 0.25}, None)
-    results = {INT8_15: _quality(INT8_15, base_wrong, {512: 1.0, 2048: 0.25}, (0.004, 0.97)),
-               MXFP4_15: _quality(MXFP4_15, {**base_wrong, "arithmetic": 4, "sequences": 3}, {512: 1.0, 2048: 0.25},
+    base = _quality("smollm2 float32", BASE_WRONG_15, {512: 1.0, 2048: 0.25}, None)
+    results = {INT8_15: _quality(INT8_15, BASE_WRONG_15, {512: 1.0, 2048: 0.25}, (0.004, 0.97)),
+               MXFP4_15: _quality(MXFP4_15, {**BASE_WRONG_15, "arithmetic": 4, "sequences": 3}, {512: 1.0, 2048: 0.25},
                                   (0.15, 0.82))}
     qdir = tmp / "phase3_quality"
     base.save(qdir / "baseline.json")
     p15 = plan.lab("15", "cpu", quick=True)
-    ns = dict(base=base, results=results, GATE=dict(GATE_15), LENGTHS=lengths, TEXTS=["t"] * 16, QUALITY_DIR=qdir,
-              evals=evals, EIGHT_BIT=p15["eight_bit"], WORKED_EXAMPLE=p15["worked_example"])
-    _lab15_derive(ns)
-    return ns
+    return dict(base=base, results=results, GATE=dict(GATE_15), LENGTHS=lengths, TEXTS=["t"] * 16, QUALITY_DIR=qdir,
+                evals=evals, pd=pd, EIGHT_BIT=p15["eight_bit"], WORKED_EXAMPLE=p15["worked_example"])
 
 
 def test_lab15_check_holds_on_the_full_plan_whose_last_candidate_is_the_fp8_kv_cache(tmp_path):
-    """The full plan (what a learner runs) ends with "FP8 KV cache", which on Llama-8B drifts by thousandths and is
-    safe: the check took the last candidate for the 4-bit worked example and asserted it NOT SAFE. It now names the
-    worked example from the plan."""
+    """The full plan (what a learner runs) ends with "FP8 KV cache", which on Llama-8B drifts by thousandths: the
+    check took the last candidate for the 4-bit worked example and asserted it NOT SAFE. It now names the worked
+    example from the plan."""
     ns = LABS["15"].build(tmp_path)
     full = plan.lab("15", "h100", quick=False)
     assert list(full["candidates"])[-1] == "FP8 KV cache" and full["worked_example"] in full["candidates"]
-    base_wrong = {"arithmetic": 3, "facts": 1, "sequences": 2}
-    ns["results"]["FP8 KV cache"] = _quality("FP8 KV cache", base_wrong, {512: 1.0, 2048: 0.25}, (0.002, 0.985))
-    _lab15_derive(ns)
-    assert ns["gates"]["FP8 KV cache"].safe
+    ns["results"]["FP8 KV cache"] = _quality("FP8 KV cache", BASE_WRONG_15, {512: 1.0, 2048: 0.25}, (0.002, 0.985))
     check_cell("15").run(ns)
+    assert not ns["gates"]["FP8 KV cache"].failed   # nothing failed (on 8 questions a task it cannot prove SAFE)
 
+
+def test_lab15_an_inconclusive_candidate_is_no_example_of_hidden_damage(tmp_path):
+    """The gate now calls a candidate with too few questions to bound its loss INCONCLUSIVE, not SAFE; the lab's
+    examples of damage only drift can see must still be those that drift rejected, or its check would assert a drift
+    interval beyond the limit for a candidate whose drift is fine."""
+    ns = LABS["15"].build(tmp_path)
+    _doctor_15_wrong(INT8_15, {**BASE_WRONG_15, "capitals": 2})(ns)  # two answers of 56 changed: -3.6 points +- 5
+    check_cell("15").run(ns)
+    assert ns["gates"][INT8_15].verdict == "INCONCLUSIVE" and INT8_15 not in ns["examples"]
+    assert ns["examples"] == [MXFP4_15] and ns["gates"][MXFP4_15].verdict == "NOT SAFE"
 
 
 # ================================================================================================== lab 16
@@ -492,7 +491,7 @@ def _offer17(data, name: str) -> dict:
             _doctor_17_deliverable(lambda d: _offer17(d, d["chosen"])["reproduce"].update(bench="curl ...")),
             'o.reproduce["bench"].startswith'),
      Doctor("the deliverable's gate was overwritten to say safe",
-            lambda ns: (ns.update(gate=dataclasses.replace(ns["gate"], safe=False))), 'saved.gate["safe"] == gate.safe'),
+            lambda ns: (ns.update(gate=dataclasses.replace(ns["gate"], safe=False, verdict="NOT SAFE"))), 'saved.gate["safe"] == gate.safe'),
      Doctor("the deliverable chose a configuration its own evidence does not call the same model",
             _doctor_17_deliverable(lambda d: d["drafting"].update(share=0.5)), "saved.safe(saved.chosen)"),
      Doctor("the HTML deliverable is missing", lambda ns: ns["paths"]["html"].unlink(), 'paths["md"].exists()'),
@@ -540,7 +539,7 @@ def test_lab17_never_calls_safe_a_configuration_beside_a_gate_that_said_not_safe
     evidence: with the gate NOT SAFE, the quantized configurations are not the same model and the choice avoids them;
     the gate is saved as measured."""
     ns = lab_17(tmp_path)
-    ns["gate"] = dataclasses.replace(ns["gate"], safe=False)
+    ns["gate"] = dataclasses.replace(ns["gate"], safe=False, verdict="NOT SAFE")
     _lab17_derive(ns)
     dep = ns["deployment"]
     assert not dep.safe(CONFIGS_17[1]) and not dep.safe(CONFIGS_17[2]) and dep.chosen == CONFIGS_17[0]
