@@ -192,10 +192,12 @@ def test_open_loop_sends_on_schedule_and_a_cap_is_recorded_as_client_queue():
     # on schedule: half within 15 ms, none held anywhere near a request's 550 ms (a hidden cap of 4 would hold them
     # 500 ms and more, as below); the tail is the machine's (29 ms beside the real-server tests once)
     assert free.summary.client_queue_ms.p50 < 15.0 and free.summary.client_queue_ms.max < 150.0
-    assert free.summary.ttft_ms.mean == pytest.approx(400, rel=0.05)
-    # with a cap of 4, requests wait in the client: recorded as client queue time, not hidden in TTFT
-    assert capped.summary.client_queue_ms.max > 500
-    assert capped.summary.ttft_ms.mean == pytest.approx(400, rel=0.05)
+    assert free.summary.ttft_ms.mean == pytest.approx(400, rel=0.15)
+    # with a cap of 4, requests wait in the client: recorded as client queue time, not hidden in TTFT. Hidden, the
+    # queue (seconds here: 30 requests of 550 ms, 4 at a time) would put the mean TTFT far above 400 ms; 15% is the
+    # machine's share when the real-server tests run beside this one (441 ms once, on 2 cores with a pytest besides)
+    assert capped.summary.client_queue_ms.mean > 1000
+    assert capped.summary.ttft_ms.mean == pytest.approx(400, rel=0.15)
 
 
 def test_run_works_inside_a_running_event_loop(cal):

@@ -12,7 +12,7 @@ from typing import Any
 
 import pandas as pd
 
-from helpers import cost, plan, sizing
+from helpers import plan, sizing
 from tests.checks.harness import NOTEBOOKS, PHASES, Doctor, checks_for, lab, set_value
 
 
@@ -57,12 +57,6 @@ def _cmp24(ns, row: str, column: str, value: Any) -> None:
             lambda ns: ns.__setitem__("bw_used", 538e6 / 0.0512e-3), "0 < bw_used <= bw_ceiling"),
      Doctor("more TP predicted to raise tokens per GPU",
             lambda ns: set_value(ns["tp_pred"], 2, "tok/s per GPU", 900.0), 'tp_pred["tok/s per GPU"]'),
-     Doctor("the fresh-brief knob's defaults gave another replica count",
-            lambda ns: set_value(ns["fresh_default"], 0, "choice", "TP=2, 99 replicas = 198 cards"),
-            'fresh_default.loc["4 parallelism"'),
-     Doctor("the fresh-brief knob's defaults priced another cost",
-            lambda ns: set_value(ns["fresh_default"], 1, "choice", "0.001 USD per M output tokens (predicted)"),
-            'fresh_default.loc["9 cost"'),
      Doctor("TP 8 predicted no faster a step than TP 2",
             lambda ns: set_value(ns["tp_pred"], 2, "step (ms)", 30.0), 'tp_pred["tok/s per GPU"]'),
      )
@@ -94,13 +88,6 @@ def lab_24(tmp: Path) -> dict[str, Any]:
             "doctor_before": {"findings": [{"check": c} for c in ("ttft.queue", "ttft.prefix_cache", "memory.kv")]}}
     # the misconceptions: SmolLM2-135M's fp32 weights (538 MB) read once per decode step of 51.2 ms at concurrency 1,
     # against the cpu profile's measured 16.8 GB/s; the TP rows are the lab's roofline + NVLink formula's
-    # the worked brief on 2 x H100 (FP8 weights and KV), as cost.roofline_rate_at_tpot predicts it
-    rate = cost.roofline_rate_at_tpot("llama-3.1-70b", "h100", 40.0, 3700, weight_dtype="fp8", kv_dtype="fp8", tp=2)
-    brief_replicas = math.ceil(40.0 * 1.3 / (rate.batch / (rate.step_ms / 1e3 * 400 + 0.145)))
-    brief_cost = cost.cost_at_slo("h100", rate.output_tokens_per_s, devices=2)
-    fresh_default = pd.DataFrame([("4 parallelism", f"TP=2, {brief_replicas} replicas = {2 * brief_replicas} cards"),
-                                  ("9 cost", f"{brief_cost.per_million_output:.3f} USD per M output tokens (predicted)")],
-                                 columns=["step", "choice"]).set_index("step")
     misconceptions = pd.DataFrame([{"misconception": f"m{i}", "source": "measured here",
                                     "reversal": f"reversal {i} with the numbers of this run, long enough to say why"}
                                    for i in range(8)])
@@ -110,8 +97,7 @@ def lab_24(tmp: Path) -> dict[str, Any]:
     return dict(compare=compare, PLANTED=dict(_PLANTED_24), found_before={"ttft.queue", "ttft.prefix_cache", "memory.kv"},
                 found_after=set(), predicted_hit=predicted_hit, design=design, best=best, HERE=here, SAFETY=1.3,
                 data=data, math=math, misconceptions=misconceptions, bw_used=538e6 / 0.0512, bw_ceiling=16.8e9,
-                tp_pred=tp_pred, chosen=pd.Series({"card": "h100", "TP": 2}), brief_replicas=brief_replicas,
-                brief_cost=brief_cost, fresh_default=fresh_default)
+                tp_pred=tp_pred)
 
 
 test_check_passes, test_doctored_measurement_fails, test_doctors_cover_every_assert = checks_for('capstone')

@@ -151,8 +151,6 @@ def _lab07_throughput_at_16(ns, tok_s: float) -> None:
      Doctor("the default server queued half as long as the capped one",
             lambda ns: set_value(ns["compare"], 0, "server queue mean (ms)", 2410.0 / 2),
             'dflt["server queue mean (ms)"] < cap["server queue mean (ms)"] / 3'),
-     Doctor("knob at C=16 shows another throughput", lambda ns: set_value(ns["knob_view"], 0, "output tok/s", 31.1),
-            'knob_view["output tok/s"].iloc[0]'),
      )
 def lab_07(tmp: Path) -> dict[str, Any]:
     # Lab 07 on the cpu profile (quick plan: concurrencies 1/4/16, 128 in / 48 out, static batch 4 x 4 batches of
@@ -185,9 +183,7 @@ def lab_07(tmp: Path) -> dict[str, Any]:
          "max waiting": 12.0, "output tok/s": 11.2}])
     return dict(table=table, capped_run=make_run(completed=32), mixed=make_run(completed=14), batching=batching,
                 measured_ratio=batching["output tok/s"].iloc[0] / batching["output tok/s"].iloc[1],
-                predicted_ratio=predicted_ratio, joined_and_left=5, compare=compare, MAX_NUM_SEQS=4,
-                knob_view=pd.DataFrame([{"concurrency": 16, "output tok/s": round(31.04, 1), "TPOT p50 (ms)": 478.0,
-                                         "measured here": True}]))
+                predicted_ratio=predicted_ratio, joined_and_left=5, compare=compare, MAX_NUM_SEQS=4)
 
 
 # ================================================================================================== lab 08
@@ -207,10 +203,6 @@ def lab_07(tmp: Path) -> dict[str, Any]:
      Doctor("chunking made the long prompts' TTFT a fifth lower: work vanished",
             lambda ns: set_value(ns["table"], 1, "long-prompt TTFT p50 (ms)", 0.8 * 5835.0),
             'smallest["long-prompt TTFT p50 (ms)"] >= 0.85'),
-     Doctor("knob disagrees with the prediction", lambda ns: set_value(ns["knob_view"], 0, "predicted worst stall (ms)",
-                                                                  ns["knob_view"]["predicted worst stall (ms)"].iloc[0]
-                                                                  + 0.1),
-            'knob_view["predicted worst stall (ms)"]'),
      Doctor("a head-of-line request failed", lambda ns: set_value(ns["hol"], 1, "failed", 1), 'hol["failed"].sum() == 0'),
      Doctor("the short prompt did not wait for the long prefill (no head-of-line blocking to cure)",
             lambda ns: set_value(ns["hol"], 0, "short TTFT p50 (ms)", 0.3 * ns["hol"]["short TTFT predicted (ms)"].iloc[0]),
@@ -237,9 +229,6 @@ def lab_08(tmp: Path) -> dict[str, Any]:
          "decoders ITL p50 (ms)": 83.0, "decoders ITL p99 (ms)": 990.0, "decoders worst gap (ms)": 1150.0,
          "decoders tok/s": 33.0, "decoders' stalled tokens": 96, "long-prompt TTFT p50 (ms)": 6672.0,
          "long-prompt TTFT p99 (ms)": 6894.0, "failed": 0}])
-    knob_view = pd.DataFrame([{"max_num_batched_tokens": budgets[-1],
-                               "predicted worst stall (ms)": round(predicted_stall(budgets[-1]), 1),
-                               "chunks per prompt": -(-long_prompt // budgets[-1])}])
     # section 5 (plan: a 1,024-token prompt, a 64-token one a quarter of the way in, cap 64 at budget 256), same run
     hol = pd.DataFrame([
         {"long_prefill_token_threshold": "0 (off, vLLM's default)", "short TTFT predicted (ms)": 2628.0,
@@ -247,7 +236,7 @@ def lab_08(tmp: Path) -> dict[str, Any]:
         {"long_prefill_token_threshold": 64, "short TTFT predicted (ms)": 518.0,
          "short TTFT p50 (ms)": 744.0, "long TTFT p50 (ms)": 3063.0, "failed": 0}]).set_index(
         "long_prefill_token_threshold")
-    return dict(table=table, knob_view=knob_view, predicted_stall=predicted_stall, BUDGETS=budgets, hol=hol)
+    return dict(table=table, predicted_stall=predicted_stall, BUDGETS=budgets, hol=hol)
 
 
 # ================================================================================================== lab 09
@@ -282,8 +271,6 @@ def _hit_rate(name: str, value: float):
             "gain.differ and gain.diff < 0"),
      Doctor("shared prompts slower than unique ones", lambda ns: ns.update(gain=_lab09_gain(9600.0, 11200.0)),
             "gain.differ and gain.diff < 0"),
-     Doctor("knob gives another prediction", lambda ns: set_value(ns["knob_view"], 0, "predicted hit rate", 0.8236),
-            'knob_view["predicted hit rate"]'),
      )
 def lab_09(tmp: Path) -> dict[str, Any]:
     # Lab 09 on the cpu profile (quick plan: 32-token blocks, 8 requests of a 1,024-token system prompt + 64).
@@ -299,9 +286,7 @@ def lab_09(tmp: Path) -> dict[str, Any]:
                            "tokens as intended": True, "failed": 0}
                           for name, (_, pred) in workloads.items()])
     return dict(table=table, block=block, BLOCK_SIZE=32, workloads=workloads, SHORT_PREFIX=short,
-                gain=_lab09_gain(9600.0, 1210.0),
-                knob_view=pd.DataFrame([{"block size": block, "shared prefix": system_prompt,
-                                         "predicted hit rate": round(workloads["shared system prompt"][1], 4)}]))
+                gain=_lab09_gain(9600.0, 1210.0))
 
 
 # ================================================================================================== lab 10
@@ -354,8 +339,6 @@ def _pois10(ns):
             "naive_ttft < 0.5 * TRUE_TTFT"),
      Doctor("the naive client counted tokens right", lambda ns: ns.update(naive_tokens=48),
             "naive_ttft < 0.5 * TRUE_TTFT"),
-     Doctor("knob shows another number", lambda ns: set_value(ns["knob_view"], 1, "value", ns["p"].ttft_ms.p99 + 1),
-            'knob_view["value"].tolist()'),
      )
 def lab_10(tmp: Path) -> dict[str, Any]:
     # Lab 10 on the cpu profile (quick plan: 128 in / 32 out, 20 s of arrivals at 80% of capacity, 6 warm requests,
@@ -383,11 +366,7 @@ def lab_10(tmp: Path) -> dict[str, Any]:
     p, even = poisson.summary, constant.summary
     return dict(arrivals=arrivals, first_pass=make_run(completed=6), naive=make_run(completed=6), honest=make_run(completed=6),
                 capped=capped, lengths=lengths, warm=warm, p=p, even=even, ours=ours, TRUE_TTFT=200.0, TRUE_TPOT=20.0, N_OUT=48,
-                naive_ttft=2.1, naive_tokens=17,
-                knob_view=pd.DataFrame([{"pitfall": "mean hides the tail", "number": "TTFT mean (ms), Poisson",
-                                         "value": poisson.summary.ttft_ms.mean, "kind": "wrong"},
-                                        {"pitfall": "mean hides the tail", "number": "TTFT p99 (ms), Poisson",
-                                         "value": poisson.summary.ttft_ms.p99, "kind": "right"}]))
+                naive_ttft=2.1, naive_tokens=17)
 
 
 # ================================================================================================== lab 11
@@ -458,10 +437,6 @@ def _doctor_report_config(key: str, value: Any = None, drop: bool = False):
             "any(r.max_rate_within_slo for r in results)"),
      Doctor("the saved records disagree with the run's summary", _doctor_saved_records,
             "abs(saved.goodput_rps - sweep.runs[0].summary.goodput.goodput_rps)"),
-     Doctor("knob at the target shows another goodput",
-            lambda ns: set_value(ns["goodput_default"], 0, "goodput (req/s)",
-                            ns["goodput_default"]["goodput (req/s)"].iloc[0] + 0.01),
-            'abs(goodput_default["goodput (req/s)"].iloc[0]'),
      Doctor("the report lacks a configuration's p99 TTFT", _doctor_report_config("p99_ttft_ms_at_that_rate", drop=True),
             '"p99_ttft_ms_at_that_rate", "goodput"} <= set(c)'),
      Doctor("a reproduce command without its seed",
@@ -505,8 +480,6 @@ def lab_11(tmp: Path) -> dict[str, Any]:
               sweep=SimpleNamespace(runs=[run0]), CONFIGS=CONFIGS_11,
               results=[_config_result(n, rate, 200 + i) for i, (n, rate) in
                        enumerate(zip(CONFIGS_11, [0.96, 1.1, 0.83]))],
-              goodput_default=pd.DataFrame([{"offered rate": 0.4, "goodput (req/s)": summary.goodput.goodput_rps,
-                                             "share meeting SLO": summary.goodput.fraction_good}]),
               _reports=tmp / "reports")
     _write_report(ns)
     return ns
