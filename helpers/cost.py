@@ -226,7 +226,9 @@ def hardware_prices() -> Mapping[str, float]:
 class Offer:
     """One configuration of a deployment as its search at the SLO priced it: the checkpoint and speculative
     configuration it serves, the highest rate that met the SLO (``None``: none did) with the search's bracket, the
-    output tokens per second there, the price and the cost per million output tokens; how to reproduce both.
+    output tokens per second there, the price and the cost per million output tokens; how to reproduce both;
+    ``dtype``, the dtype its server computed in as vLLM logged it (INT8 kernels on a float32 CPU run in bf16: a gate
+    against a float32 baseline then includes the dtype's drift).
 
     Introduced in lab 17 (Cost per Million Tokens).
     """
@@ -241,6 +243,7 @@ class Offer:
     cost_per_million_output_tokens: float | None
     acceptance_rate: float | None = None
     reproduce: dict = dataclasses.field(default_factory=dict)
+    dtype: str | None = None
 
 
 def _verdict(gate: dict[str, Any]) -> str:
@@ -357,12 +360,12 @@ class Deployment:
               f"SLO: {s['attainment']:.0%} of requests within TTFT {s['ttft_ms']} ms and TPOT {s['tpot_ms']} ms; "
               f"workload: {w['input tokens']} prompt and {w['output tokens']} output tokens, Poisson arrivals; price: "
               f"{self.device} at ${self.price['usd_per_hour']}/hour ({self.price['source']}, {self.price['as_of']}).", "",
-              "| configuration | checkpoint | speculative (acceptance) | max rate at SLO (req/s) | output tok/s at SLO | "
-              "$/hour | $ per M output | same model |", "|---|---|---|---|---|---|---|---|"]
+              "| configuration | checkpoint | compute dtype | speculative (acceptance) | max rate at SLO (req/s) | "
+              "output tok/s at SLO | $/hour | $ per M output | same model |", "|---|---|---|---|---|---|---|---|---|"]
         for o in self.offers:
             spec = "-" if not o.speculative else (f"{o.speculative} ({o.acceptance_rate:.0%} of drafts accepted)"
                                                   if o.acceptance_rate is not None else str(o.speculative))
-            md.append(f"| {o.name} | `{o.checkpoint}` | {spec} | {o.max_rate_at_slo} | "
+            md.append(f"| {o.name} | `{o.checkpoint}` | {o.dtype or '-'} | {spec} | {o.max_rate_at_slo} | "
                       f"{o.output_tokens_per_s_at_slo or 0:.1f} | {o.price_per_hour} | "
                       f"{money(o.cost_per_million_output_tokens)} | {'yes' if self.safe(o.name) else 'NO'} |")
         if self.gate is not None:

