@@ -118,3 +118,55 @@ def test_labs_that_need_outside_tools_check_them_before_they_start(path):
     at = code.index("tools.require(PLAN.tools)")
     for later in ("from helpers.fleet", "from helpers import fleet", "server.start(", "start_replica"):
         assert later not in code or code.index(later) > at, (path.name, later)
+
+
+def _fills(path: Path) -> tuple[set[str], list[str]]:
+    """The knobs a lab's parameters cell sets, and the names its ``PLAN.fill(globals(), ...)`` calls fill."""
+    import ast
+
+    nb = json.loads(path.read_text())
+    params, filled = set(), []
+    for c in nb["cells"]:
+        if c["cell_type"] != "code":
+            continue
+        tree = ast.parse("".join(c["source"]))
+        if "parameters" in c.get("metadata", {}).get("tags", []):
+            params |= {t.id for st in tree.body if isinstance(st, ast.Assign) for t in st.targets
+                       if isinstance(t, ast.Name)}
+        filled += [a.value for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "attr", "") == "fill"
+                   for a in n.args[1:] if isinstance(a, ast.Constant)]
+    return params, filled
+
+
+@pytest.mark.parametrize("path", LABS, ids=lambda p: p.name[:2])
+def test_knobs_are_filled_from_the_plan_in_one_call_for_every_profile(path):
+    """Each lab fills its unset knobs with one ``PLAN.fill(globals(), ...)`` (an override of 0 or False stays, which
+    ``X or PLAN["x"]`` dropped): every name it fills is a knob of its parameters cell and a value of its plan on
+    every profile, quick or not, so a GPU learner never meets a knob the CPU plan alone defines."""
+    from helpers import plan, runtime
+
+    text = path.read_text()
+    assert ' or PLAN[\\"' not in text and 'else PLAN[\\"' not in text, f"{path.name}: a knob filled by hand"
+    params, filled = _fills(path)
+    assert filled and len(filled) == len(set(filled)), (path.name, filled)
+    assert set(filled) <= params, f"{path.name} fills names its parameters cell does not set: {set(filled) - params}"
+    for name in runtime.PROFILES:
+        for quick in (True, False):
+            values = plan.lab(path.name[:2], name, quick=quick).values
+            missing = [k for k in filled if k.lower() not in values]
+            assert not missing, f"{path.name} on {name} (quick={quick}): the plan has no {missing}"
+
+
+def test_fill_keeps_an_override_of_zero_and_refuses_an_unknown_knob():
+    from helpers import plan
+
+    p = plan.lab("15", "cpu", quick=True)
+    ns = {"LIMIT": 0, "GATE": None, "LENGTHS": [256]}
+    p.fill(ns, "LIMIT", "GATE", "LENGTHS")
+    assert ns["LIMIT"] == 0 and ns["GATE"] == p["gate"] and ns["LENGTHS"] == [256]
+    ns["GATE"]["max_kl"] = 1.0  # a copy: the plan keeps its own
+    assert p["gate"]["max_kl"] == 0.05
+    with pytest.raises(KeyError, match="no value for NOPE"):
+        p.fill({"NOPE": None}, "NOPE")
+    with pytest.raises(NameError, match="run the parameters cell"):
+        p.fill({}, "LIMIT")

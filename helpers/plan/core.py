@@ -5,6 +5,7 @@ Introduced in lab 01 (One GPU, One Model).
 
 from __future__ import annotations
 
+import copy
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
@@ -61,6 +62,25 @@ class LabPlan:
 
     def get(self, key: str, default: Any = None) -> Any:
         return self.values.get(key, default)
+
+    def fill(self, namespace: dict[str, Any], *knobs: str) -> None:
+        """Set each knob of ``namespace`` (a notebook's ``globals()``) that is still ``None`` to this plan's value of
+        its lower-case name (a copy): ``PLAN.fill(globals(), "LIMIT", "GATE")``. An override stays, ``0``, ``False``
+        and ``[]`` included (``LIMIT or PLAN["limit"]`` dropped them). A knob the plan has no value for is refused,
+        with the values it has, and so is one the parameters cell never set.
+
+        Introduced in lab 01 (One GPU, One Model).
+        """
+        unknown = [k for k in knobs if k.lower() not in self.values]
+        if unknown:
+            raise KeyError(f"lab {self.lab}'s plan has no value for {', '.join(unknown)}: its values are "
+                           f"{', '.join(sorted(self.values))}")
+        unset = [k for k in knobs if k not in namespace]
+        if unset:
+            raise NameError(f"{', '.join(unset)} not defined: run the parameters cell first")
+        for k in knobs:
+            if namespace[k] is None:
+                namespace[k] = copy.deepcopy(self.values[k.lower()])
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
