@@ -170,3 +170,25 @@ def test_fill_keeps_an_override_of_zero_and_refuses_an_unknown_knob():
         p.fill({"NOPE": None}, "NOPE")
     with pytest.raises(NameError, match="run the parameters cell"):
         p.fill({}, "LIMIT")
+
+
+def test_every_setup_cell_is_the_same_and_every_defined_in_tag_names_its_labs_title():
+    """The setup cell is copied into 24 notebooks and the "Introduced in lab NN (Title)" tags into hundreds of
+    docstrings: the copies must agree (a fix made in one setup cell, or a lab renamed, is made everywhere)."""
+    import re
+
+    setups, titles = set(), {}
+    for path in LABS:
+        nb = json.loads(path.read_text())
+        setups.add("".join(next(c for c in nb["cells"] if c["cell_type"] == "code")["source"]))
+        head = "".join(nb["cells"][0]["source"]).splitlines()[0]
+        titles[path.name[:2]] = re.sub(r"^# Lab \d\d — ", "", head)
+    assert len(setups) == 1, f"{len(setups)} different setup cells: copy one into the others"
+    tag = re.compile(r"Introduced in lab (\d+)\s+\(([^)]*)\)")
+    wrong = []
+    for f in [*(ROOT / "helpers").rglob("*.py"), *(ROOT / "benchmarks").rglob("*.py")]:
+        for m in tag.finditer(f.read_text()):
+            number, title = m.group(1).zfill(2), " ".join(m.group(2).split())
+            if titles.get(number) != title:
+                wrong.append(f"{f.relative_to(ROOT)}: lab {number} ({title}) is {titles.get(number)!r}")
+    assert not wrong, "\n".join(wrong)

@@ -143,7 +143,7 @@ class RunResult:
         reader does not have and must not overwrite. None when the workload was built in Python (the recorded
         ``command`` is None then, and ``config["command_note"]`` says why).
 
-        Introduced in lab 11 (Latency, Throughput and Goodput).
+        Introduced in lab 11 (Latency, Throughput, Goodput).
         """
         cmd = self.config.get("command")
         if not cmd:

@@ -103,7 +103,7 @@ def transfer_time(cfg: "ModelConfig | Mapping[str, Any] | str", tokens: int, lin
                   kv_dtype: str = "auto") -> float:
     """Seconds to move the KV cache of a ``tokens``-token prompt over ``link`` (one transfer, plus its latency).
 
-    Introduced in lab 20 (Disaggregated Prefill and Decode).
+    Introduced in lab 20 (Disaggregating Prefill and Decode).
     """
     return kv_bytes_for_context(cfg, tokens, kv_dtype) / link.bandwidth + link.latency
 
