@@ -37,6 +37,7 @@ import httpx
 import numpy as np
 
 from . import models, procs, settings
+from .bench.stats import bootstrap_ci
 from .bench.workloads import token_counter
 
 __all__ = ["TASKS", "TaskScore", "Accuracy", "accuracy", "LmEvalMissing", "lm_eval_python", "greedy", "Agreement",
@@ -54,13 +55,7 @@ def bootstrap_mean_ci(values: Sequence[float], seed: int = 0, n_boot: int = _N_B
 
     Introduced in lab 15 (Proving Quantization Safe).
     """
-    x = np.asarray(values, dtype=float)
-    if x.size < 2:
-        return None
-    rng = np.random.default_rng(seed)
-    means = x[rng.integers(0, x.size, size=(n_boot, x.size))].mean(axis=1)
-    lo, hi = np.percentile(means, [2.5, 97.5])
-    return float(lo), float(hi)
+    return bootstrap_ci([[float(v) for v in values]], np.mean, n_boot=n_boot, seed=seed)
 
 
 def paired_diff_ci(a: Sequence[float], b: Sequence[float], seed: int = 0,
@@ -222,11 +217,9 @@ def accuracy(server: Any, tasks: Sequence[str] = TASKS, limit: int | None = None
         scores[t] = TaskScore(t, correct, float(np.mean(vals)), bootstrap_mean_ci(vals))
     per_task = [s.accuracy for s in scores.values()]
     # The macro average's interval: resample questions within each task, average the task means.
-    rng = np.random.default_rng(0)
-    boot = np.mean([[np.mean(rng.choice(list(s.correct.values()), len(s.correct))) for s in scores.values()]
-                    for _ in range(500)], axis=1)
-    return Accuracy(tasks=scores, mean=float(np.mean(per_task)),
-                    mean_ci=(float(np.percentile(boot, 2.5)), float(np.percentile(boot, 97.5))),
+    mean_ci = bootstrap_ci([list(s.correct.values()) for s in scores.values()],
+                           lambda *tasks: np.mean([t.mean() for t in tasks]), n_boot=500)
+    return Accuracy(tasks=scores, mean=float(np.mean(per_task)), mean_ci=mean_ci,
                     seconds=time.monotonic() - t0, out_dir=str(work))
 
 
@@ -380,14 +373,11 @@ def drift(baseline: Any, candidate: Any, texts: Sequence[str] | None = None, top
         per_text_top1.append(agree)
         all_kl += kls
     n = sum(len(k) for k in per_text_kl)
-    rng = np.random.default_rng(0)
-    idx = rng.integers(0, len(per_text_kl), size=(_N_BOOT, len(per_text_kl)))
-    kl_boot = [np.mean(np.concatenate([per_text_kl[i] for i in row])) for row in idx[:500]]
-    t1_boot = [np.mean(np.concatenate([per_text_top1[i] for i in row])) for row in idx[:500]]
-    return Drift(kl_mean=float(np.mean(all_kl)), kl_ci=(float(np.percentile(kl_boot, 2.5)), float(np.percentile(kl_boot, 97.5))),
+    # texts resampled whole (a cluster bootstrap: a text's positions are not independent), the same draws for both
+    return Drift(kl_mean=float(np.mean(all_kl)), kl_ci=bootstrap_ci([per_text_kl], np.mean, n_boot=500),
                  kl_p99=float(np.percentile(all_kl, 99)),
                  top1=float(np.mean(np.concatenate(per_text_top1))),
-                 top1_ci=(float(np.percentile(t1_boot, 2.5)), float(np.percentile(t1_boot, 97.5))),
+                 top1_ci=bootstrap_ci([per_text_top1], np.mean, n_boot=500),
                  positions=n, texts=len(per_text_kl), top_k=top_k)
 
 

@@ -483,3 +483,25 @@ def test_one_schedule_dealt_round_robin():
     parts = deal(reqs, 3)
     assert [[r.id for r in p] for p in parts] == [["0", "3", "6"], ["1", "4"], ["2", "5"]]
     assert split_evenly(10, 3) == [4, 3, 3] and sum(split_evenly(7, 4)) == 7
+
+
+def test_one_bootstrap_resamples_numbers_clusters_and_independent_samples():
+    """bench.stats.bootstrap_ci is the project's one resampler (evals' intervals, the ITL median's, the
+    side-by-side's ratio): its interval covers the statistic, a cluster bootstrap is wider than treating a
+    cluster's correlated values as independent, and each sample is resampled on its own."""
+    from helpers.bench.stats import bootstrap_ci
+
+    rng = np.random.default_rng(3)
+    x = rng.normal(10.0, 1.0, 200)
+    lo, hi = bootstrap_ci([x], np.mean)
+    assert lo < x.mean() < hi and hi - lo < 0.5
+    # 20 clusters of 50 values sharing their cluster's offset: the values are not independent
+    clusters = [rng.normal(0.0, 1.0) + rng.normal(0.0, 0.1, 50) for _ in range(20)]
+    c_lo, c_hi = bootstrap_ci([clusters], np.mean)
+    flat_lo, flat_hi = bootstrap_ci([np.concatenate(clusters)], np.mean)
+    assert c_hi - c_lo > 4 * (flat_hi - flat_lo)
+    # two independent samples: the ratio of their means, each resampled within itself
+    a, b = rng.normal(100.0, 5.0, 300), rng.normal(120.0, 5.0, 300)
+    r_lo, r_hi = bootstrap_ci([a, b], lambda xa, xb: xb.mean() / xa.mean())
+    assert r_lo < b.mean() / a.mean() < r_hi and r_lo > 1.15
+    assert bootstrap_ci([[1.0]], np.mean) is None and bootstrap_ci([x, [2.0]], lambda p, q: 0.0) is None

@@ -13,6 +13,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from helpers.bench.stats import bootstrap_ci
+
 from .process import STARTUP_S
 from .records import Load, Req, ToolRun, matched_metrics, mean, median, pct
 
@@ -30,12 +32,10 @@ def pooled(runs: Sequence[ToolRun], tool: str) -> list[Req]:
 
 def boot_ratio(a: Sequence[float], b: Sequence[float], seed: int = 0, n_boot: int = 4000) -> tuple[float, float]:
     """95% bootstrap interval of mean(b) / mean(a), requests resampled within each tool."""
-    rng = np.random.default_rng(seed)
-    xa, xb = np.asarray(a, float), np.asarray(b, float)
-    ma = xa[rng.integers(0, len(xa), (n_boot, len(xa)))].mean(axis=1)
-    mb = xb[rng.integers(0, len(xb), (n_boot, len(xb)))].mean(axis=1)
-    lo, hi = np.percentile(mb / ma, [2.5, 97.5])
-    return float(lo), float(hi)
+    ci = bootstrap_ci([list(a), list(b)], lambda xa, xb: xb.mean() / xa.mean(), n_boot=n_boot, seed=seed)
+    if ci is None:
+        raise ValueError(f"a bootstrap ratio needs two requests or more from each tool: {len(a)} and {len(b)}")
+    return ci
 
 
 def _server_weighted(runs: Sequence[ToolRun], tool: str, metric: str) -> float | None:
