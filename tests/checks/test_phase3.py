@@ -16,8 +16,10 @@ import pandas as pd
 import pytest
 
 from helpers import evals, plan, sizing
+from helpers.bench.store import RunResult
+from helpers.metrics import ServerView
 from tests.checks.harness import (CPU_DESCRIPTION, LABS, SMOLLM2, Doctor, check_cell, checks_for, lab, make_cpu_log,
-                                  make_startup, make_summary, set_value)
+                                  make_dist, make_run, make_startup, make_summary, set_value)
 
 
 # ================================================================================================== labs 12-14
@@ -350,66 +352,78 @@ def test_lab15_an_inconclusive_candidate_is_no_example_of_hidden_damage(tmp_path
 
 
 # ================================================================================================== lab 16
-def _lab16_table(rows: list[tuple[str, int, float, float, list[float], float, float]]) -> pd.DataFrame:
-    """The lab's table from (workload, concurrency, alpha, mean length, per-position shares, TPOT base, TPOT drafted),
-    derived the lab's way."""
+#: Lab 16's run on the cpu profile (n-gram, k=3; 64-token answers, 3 requests one at a time, then 8 in flight), as
+#: raw measurements: (workload, concurrency, share of drafts accepted at each position, TPOT p50 without drafting,
+#: TPOT p50 with it). vLLM's counters follow: 40 drafts of 3 tokens, accepted = the positions' sum.
+LAB16_ROWS = [("copy", 1, [0.977, 0.955, 0.955], 310.3, 35.3),
+              ("open", 1, [0.058, 0.0, 0.0], 293.7, 87.9),
+              ("copy", 8, [0.967, 0.935, 0.902], 378.0, 77.4)]
+NGRAM_16 = "n-gram, k=3"
+
+
+def _view16(per_pos: list[float], drafts: float = 40.0, draft_tokens: float | None = None) -> ServerView:
+    """The /metrics deltas of a drafting run: drafts, draft tokens, accepted tokens and the per-position counts."""
+    return ServerView(spec_drafts=drafts, spec_draft_tokens=3 * drafts if draft_tokens is None else draft_tokens,
+                      spec_accepted_tokens=sum(per_pos) * drafts, spec_accepted_per_position=[x * drafts for x in per_pos])
+
+
+def _run16(tpot_ms: float, view: ServerView | None = None, failed: int = 0) -> RunResult:
+    return make_run(failed=failed, tpot_ms=make_dist(3, p50=tpot_ms), server=view)
+
+
+def _ns16(rows=LAB16_ROWS) -> dict[str, Any]:
     from helpers import speculative
-    out = []
-    for kind, c, alpha, mean_len, per_pos, base_tpot, tpot in rows:
-        out.append({"drafter": "n-gram, k=3", "workload": kind, "concurrency": c, "k": 3, "acceptance rate α": alpha,
-                    "mean acceptance length": mean_len,
-                    "predicted tokens/step from α": speculative.expected_tokens_per_step(alpha, 3),
-                    "TPOT baseline (ms)": base_tpot, "TPOT drafted (ms)": tpot, "measured speedup": base_tpot / tpot,
-                    "failed": 0, "per-position acceptance": per_pos, "drafts": 40.0})
-    t = pd.DataFrame(out)
-    t["verification cost (x a plain step)"] = t["mean acceptance length"] / t["measured speedup"]
-    t["counters agree"] = [abs(r["mean acceptance length"] - 1 - sum(r["per-position acceptance"])) < 0.01
-                           for _, r in t.iterrows()]
-    return t
+    base_runs = {(kind, c): _run16(base) for kind, c, _, base, _ in rows}
+    spec_runs = {NGRAM_16: {(kind, c): _run16(tpot, _view16(per_pos)) for kind, c, per_pos, _, tpot in rows}}
+    return dict(base_runs=base_runs, spec_runs=spec_runs, SPECULATIVE={NGRAM_16: {"method": "ngram"}}, K=3,
+                CONCURRENCY=[1, 8], speculative=speculative, pd=pd)
 
 
-def _lab16_ns(rows) -> dict[str, Any]:
-    table = _lab16_table(rows)
-    t = table[table.drafter == "n-gram, k=3"].set_index(["workload", "concurrency"])
-    return dict(table=table, t=t, copy1=t.loc[("copy", 1)], open1=t.loc[("open", 1)], copyN=t.loc[("copy", 8)])
-
-
-LAB16_ROWS = [("copy", 1, 0.962, 3.886, [0.977, 0.955, 0.955], 310.3, 35.3),   # lab 16's run on the cpu profile
-              ("open", 1, 0.020, 1.058, [0.058, 0.0, 0.0], 293.7, 87.9),
-              ("copy", 8, 0.935, 3.805, [0.967, 0.935, 0.902], 378.0, 77.4)]
-
-
-def _doctor_16(i: int, **changes):
+def _doctor_16(i: int, per_pos: list[float] | None = None, tpot: float | None = None, **view):
+    """Row ``i`` of the drafted runs measured otherwise: its accepted shares, its TPOT, or its raw counters."""
     def doctor(ns):
-        rows = [list(r) for r in LAB16_ROWS]
-        for k, v in changes.items():
-            rows[i][["workload", "concurrency", "alpha", "mean_len", "per_pos", "base", "tpot"].index(k)] = v
-        ns.update(_lab16_ns([tuple(r) for r in rows]))
+        kind, c, pp, _, t = LAB16_ROWS[i]
+        pp = per_pos if per_pos is not None else pp
+        ns["spec_runs"][NGRAM_16][(kind, c)] = _run16(tpot if tpot is not None else t, _view16(pp, **view))
     return doctor
 
 
+def _second_drafter_slower(ns):
+    ns["SPECULATIVE"]["EAGLE-3, k=3"] = {"method": "eagle3"}
+    ns["spec_runs"]["EAGLE-3, k=3"] = {key: _run16(ns["base_runs"][key].summary.tpot_ms.p50 * 1.25, _view16([0.5] * 3))
+                                       for key in ns["base_runs"]}
+
+
+def _counters_disagree(ns):
+    view = ns["spec_runs"][NGRAM_16][("copy", 1)].summary.server
+    view.spec_accepted_tokens -= 10.0   # accepted tokens 10 fewer than the per-position counts add up to
+
+
 @lab("16",
-     Doctor("a request failed", lambda ns: set_value(ns["table"], 1, "failed", 1), 'table["failed"].sum() == 0'),
-     Doctor("the per-position counters disagree with the mean length", lambda ns: set_value(ns["table"], 0, "counters agree", False),
-            'table["counters agree"].all()'),
-     Doctor("a drafter that never drafted", lambda ns: set_value(ns["table"], 2, "drafts", 0.0),
-            '(table["drafts"] > 0).all()'),
-     Doctor("a second drafter (EAGLE-3 on a GPU) slowed copy down",
-            lambda ns: ns.update(table=pd.concat([ns["table"], ns["table"].iloc[[0]].assign(
-                drafter="EAGLE-3, k=3", **{"measured speedup": 0.8})], ignore_index=True)),
+     Doctor("a request failed", lambda ns: ns["base_runs"].__setitem__(("open", 1), _run16(293.7, failed=1)),
+            'table["failed"].sum() == 0'),
+     Doctor("the per-position counters disagree with the accepted tokens", _counters_disagree,
+            '(table["drafts"] > 0).all() and table["counters agree"].all()'),
+     Doctor("a drafter that never drafted", _doctor_16(2, drafts=0.0, draft_tokens=0.0),
+            '(table["drafts"] > 0).all() and table["counters agree"].all()'),
+     Doctor("a second drafter (EAGLE-3 on a GPU) slowed copy down", _second_drafter_slower,
             '["measured speedup"] > 1.0).all()'),
-     Doctor("copy acceptance only 0.45", _doctor_16(0, alpha=0.45), 'copy1["acceptance rate α"] > 0.5'),
-     Doctor("open text accepted as often as copy", _doctor_16(1, alpha=0.985), 'copy1["acceptance rate α"] > 0.5'),
+     Doctor("copy acceptance only 0.45", _doctor_16(0, per_pos=[0.6, 0.45, 0.3]), 'copy1["acceptance rate α"] > 0.5'),
+     Doctor("open text accepted as often as copy", _doctor_16(1, per_pos=[0.99, 0.985, 0.98]),
+            'copy1["acceptance rate α"] > 0.5'),
      Doctor("drafting did not cut TPOT on copy", _doctor_16(0, tpot=300.0), 'copy1["measured speedup"] > 1.15'),
      Doctor("open text sped up as much as copy", _doctor_16(1, tpot=32.0), 'open1["measured speedup"] < copy1'),
      Doctor("verifying in a busy batch cost no more", _doctor_16(2, tpot=42.0),
             'copyN["verification cost (x a plain step)"] > copy1'),
+     # drafts shorter than k (an n-gram finds a shorter match): alpha per draft token rises above what the
+     # accepted tokens per step bear out
      Doctor("the formula over-predicts the mean length",
-            _doctor_16(0, mean_len=2.7, per_pos=[0.6, 0.58, 0.52], tpot=19.0), 'copy1["mean acceptance length"] >= 0.97'),
+            _doctor_16(0, per_pos=[0.6, 0.58, 0.52], tpot=19.0, draft_tokens=1.75 * 40.0),
+            'copy1["mean acceptance length"] >= 0.97'),
      )
 def lab_16(tmp: Path) -> dict[str, Any]:
-    # Lab 16 on the cpu profile (quick plan: k=3, 64-token answers, 3 requests one at a time, then 8 in flight).
-    return _lab16_ns(LAB16_ROWS)
+    # Lab 16 on the cpu profile: raw runs and counters; the lab's derive cells build its table.
+    return _ns16()
 
 
 # ================================================================================================== lab 17
