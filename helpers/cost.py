@@ -285,7 +285,10 @@ class Deployment:
             self.chosen = self.choose()
 
     def offer(self, name: str) -> Offer:
-        return next(o for o in self.offers if o.name == name)
+        found = [o for o in self.offers if o.name == name]
+        if not found:
+            raise KeyError(f"no configuration {name!r} in this deployment: it offers {[o.name for o in self.offers]}")
+        return found[0]
 
     def evidence(self, name: str) -> list[str]:
         """Why configuration ``name`` is the same model as the baseline, or why not: one line per piece of evidence."""

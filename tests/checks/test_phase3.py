@@ -427,53 +427,46 @@ def lab_16(tmp: Path) -> dict[str, Any]:
 
 
 # ================================================================================================== lab 17
-CONFIGS_17 = ["float32 baseline", "INT8 W8A8 (round to nearest)", "INT8 W8A8 (round to nearest) + n-gram, k=3"]
-CHECKPOINTS_17 = {CONFIGS_17[0]: "llm-serving-labs/smollm2-135m-instruct", CONFIGS_17[1]: "/ckpt/w8a8",
-                  CONFIGS_17[2]: "/ckpt/w8a8"}
-
-
-def _lab17_derive(ns) -> None:
-    """Costs and the deliverable from ``rows``, the gate and the greedy comparison: the
-    deliverable through the lab's own record (cost.Deployment), so its choice and verdicts are the library's."""
-    from helpers import cost
-    rows, price = ns["rows"], ns["PRICE"]
-    ns["cost_rows"] = cost_rows = [cost.cost_at_slo("cpu", r["output_tokens_per_s_at_slo"], name=n,
-                                                    usd_per_hour=price.usd_per_hour)
-                                   for n, r in rows.items() if r["output_tokens_per_s_at_slo"]]
-    ns["priced"] = priced = {r.name: r.per_million_output for r in cost_rows}
-    offers = [cost.Offer(name=n, checkpoint=CHECKPOINTS_17[n], speculative={"method": "ngram"} if "n-gram" in n else None,
-                         max_rate_at_slo=r["max_rate_at_slo"], bracket=r["bracket"],
-                         output_tokens_per_s_at_slo=r["output_tokens_per_s_at_slo"], price_per_hour=price.usd_per_hour,
-                         cost_per_million_output_tokens=priced.get(n), acceptance_rate=0.6 if "n-gram" in n else None,
-                         reproduce={"server": "python -m vllm.entrypoints.openai.api_server ...",
-                                    "bench": "python -m helpers.bench run --rate 0.9 --seed 7 ..."})
-              for n, r in rows.items()]
-    ns["deployment"] = dep = cost.Deployment(
-        model="smollm2", profile="cpu", baseline_checkpoint=CHECKPOINTS_17[CONFIGS_17[0]],
-        slo={"ttft_ms": 2000, "tpot_ms": 200, "attainment": 0.9}, device="cpu",
-        workload={"kind": "fixed length, fresh prompts", "input tokens": 128, "output tokens": 32, "arrivals": "Poisson",
-                  "seconds per probe": 16.0},
-        price={"usd_per_hour": price.usd_per_hour, "source": price.source, "as_of": price.as_of}, offers=offers,
-        baseline=CONFIGS_17[0], gate=ns["gate"].as_dict(), gated_checkpoint=CHECKPOINTS_17[CONFIGS_17[1]],
-        drafting=ns["drafting"].as_dict(), min_greedy_agreement=ns["PLAN"]["min_greedy_agreement"])
-    ns["chosen_name"] = dep.chosen
-    prov = {"vllm": {"version": "0.32.0"}, "device": {"description": CPU_DESCRIPTION}}
-    ns["paths"] = dep.write(ns["_reports"], provenance=prov)
+CONFIGS_17 = ["float32 baseline", "INT8 W8A8 (round to nearest)", "INT8 W8A8 (round to nearest) + n-gram, k=3",
+              "float32 baseline + n-gram, k=3"]
+CHECKPOINTS_17 = {CONFIGS_17[0]: "llm-serving-labs/smollm2-135m-instruct", CONFIGS_17[1]: "/ckpt/w8a8"}
+GREEDY_17 = [[f"t{i}-{j}" for j in range(32)] for i in range(4)]   # 4 greedy answers of 32 tokens
 
 
 def _probe(passed: bool, failed: int = 0):
     return SimpleNamespace(passed=passed, run=SimpleNamespace(summary=make_summary(failed=failed)))
 
 
-def _doctor_17(name: str, **changes):
+def _row17(name: str, rate: float | None, bracket=None, floor=None) -> dict[str, Any]:
+    """What lab 17's search recorded for one configuration: the rate at the SLO and what its passing probe served."""
+    tok_s = rate * 32 * 0.97 if rate else None
+    return {"configuration": name, "compute dtype": "bfloat16" if "INT8" in name else "float32", "max_rate_at_slo": rate,
+            "bracket": bracket or ((rate, 1.5 * rate) if rate else (None, floor)), "floor": floor,
+            "output_tokens_per_s_at_slo": tok_s, "input_tokens_per_s_at_slo": tok_s and tok_s * 4,
+            "attainment at that rate": 0.95 if rate else None, "TTFT p50 (ms)": 400.0, "TPOT p50 (ms)": 60.0,
+            "acceptance rate": 0.6 if "n-gram" in name else None, "probes": 2, "run folder": "/runs/x"}
+
+
+def _quantized_drifting(kl: float, top1: float):
     def doctor(ns):
-        ns["rows"][name].update(changes)
-        _lab17_derive(ns)
-        ns["measured"] = pd.DataFrame(ns["rows"].values())
+        ns["quality"]["quantized"] = _quality(CONFIGS_17[1], BASE_WRONG_15, {512: 1.0, 2048: 0.25}, (kl, top1))
     return doctor
 
 
-def _doctor_17_deliverable(change):
+def _greedy_drafted(answers):
+    def doctor(ns):
+        ns["greedy_out"][CONFIGS_17[2]] = answers
+    return doctor
+
+
+def _row_doctor(name: str, **changes):
+    def doctor(ns):
+        ns["rows"][name].update(changes)
+    return doctor
+
+
+def _deliverable_edit(change):
+    """The deliverable as written, edited afterwards (a hand edit of the JSON): the check reads it back."""
     def doctor(ns):
         data = json.loads(ns["paths"]["json"].read_text())
         change(data)
@@ -486,58 +479,75 @@ def _offer17(data, name: str) -> dict:
 
 
 @lab("17",
-     Doctor("the baseline met the SLO at no rate", _doctor_17(CONFIGS_17[0], max_rate_at_slo=None),
+     Doctor("the baseline met the SLO at no rate", _row_doctor(CONFIGS_17[0], max_rate_at_slo=None),
             'rows[BASE_NAME]["max_rate_at_slo"]'),
      Doctor("a configuration met the SLO at no rate, though it passed a probe above its floor",
-            _doctor_17(CONFIGS_17[2], max_rate_at_slo=None),
-            'r["max_rate_at_slo"] or (r["bracket"][0] is None'),
-     Doctor("every probe of a search passed (its rate is where it stopped)", _doctor_17(CONFIGS_17[0], bracket=(1.0, None)),
-            'all(r["bracket"][1] is not None'),
+            _row_doctor(CONFIGS_17[2], max_rate_at_slo=None), 'r["max_rate_at_slo"] or (r["bracket"][0] is None'),
+     Doctor("every probe of a search passed (its rate is where it stopped)",
+            _row_doctor(CONFIGS_17[0], bracket=(1.0, None)), 'all(r["bracket"][1] is not None'),
      Doctor("a passing probe had a failed request",
             lambda ns: ns["searches"][CONFIGS_17[0]].probes.__setitem__(0, _probe(True, failed=1)),
             "p.run.summary.failed == 0"),
+     # cost.cost_at_slo checked against the second formula (price over rate): only a wrong library fails it
      Doctor("a cost not from the catalog price",
-            lambda ns: ns["cost_rows"].__setitem__(0, dataclasses.replace(ns["cost_rows"][0],
-                                                                      per_million_output=ns["cost_rows"][0].per_million_output * 1.01)),
-            "abs(r.per_million_output - 1e6 / r.output_tokens_per_s"),
+            lambda ns: ns["cost_rows"].__setitem__(0, dataclasses.replace(
+                ns["cost_rows"][0], per_million_output=ns["cost_rows"][0].per_million_output * 1.01)),
+            "abs(r.per_million_output - 1e6 / r.output_tokens_per_s", after_derive=True),
      Doctor("tokens/s at the SLO far from rate x tokens per answer",
-            _doctor_17(CONFIGS_17[1], output_tokens_per_s_at_slo=0.4 * 1.1 * 32),
-            '0.5 < r["output_tokens_per_s_at_slo"]'),
+            _row_doctor(CONFIGS_17[1], output_tokens_per_s_at_slo=0.4 * 1.1 * 32), '0.5 < r["output_tokens_per_s_at_slo"]'),
      # measured once a drafter changes what the model writes: its greedy answers diverge early
      Doctor("drafting changed the greedy answers",
-            lambda ns: ns.update(drafting=dataclasses.replace(ns["drafting"], identical=1, before_first_difference=40)),
-            'drafting.share >= PLAN["min_greedy_agreement"]'),
+            _greedy_drafted([a[:10] + ["x"] * 22 for a in GREEDY_17]), 'drafting.share >= PLAN["min_greedy_agreement"]'),
      Doctor("the deliverable's cost differs from the measured one",
-            _doctor_17_deliverable(lambda d: _offer17(d, CONFIGS_17[0]).update(cost_per_million_output_tokens=1.0)),
-            "o.cost_per_million_output_tokens == priced[o.name]"),
+            _deliverable_edit(lambda d: _offer17(d, CONFIGS_17[0]).update(cost_per_million_output_tokens=1.0)),
+            "o.cost_per_million_output_tokens == priced[o.name]", after_derive=True),
      Doctor("a reproduce command that is not the harness's",
-            _doctor_17_deliverable(lambda d: _offer17(d, d["chosen"])["reproduce"].update(bench="curl ...")),
-            'o.reproduce["bench"].startswith'),
+            _deliverable_edit(lambda d: _offer17(d, d["chosen"])["reproduce"].update(bench="curl ...")),
+            'o.reproduce["bench"].startswith', after_derive=True),
      Doctor("the deliverable's gate was overwritten to say safe",
-            lambda ns: (ns.update(gate=dataclasses.replace(ns["gate"], safe=False, verdict="NOT SAFE"))), 'saved.gate["safe"] == gate.safe'),
+            _deliverable_edit(lambda d: d["gate"].update(safe=not d["gate"]["safe"])), 'saved.gate["safe"] == gate.safe', after_derive=True),
      Doctor("the deliverable chose a configuration its own evidence does not call the same model",
-            _doctor_17_deliverable(lambda d: d["drafting"].update(share=0.5)), "saved.safe(saved.chosen)"),
-     Doctor("the HTML deliverable is missing", lambda ns: ns["paths"]["html"].unlink(), 'paths["md"].exists()'),
+            _deliverable_edit(lambda d: d["drafting"].update(share=0.5)), "saved.safe(saved.chosen)", after_derive=True),
+     Doctor("the HTML deliverable is missing", lambda ns: ns["paths"]["html"].unlink(), 'paths["md"].exists()',
+            after_derive=True),
      )
 def lab_17(tmp: Path) -> dict[str, Any]:
-    # Lab 17 on the cpu profile (quick plan: 32-token answers, SLO 90% within TTFT 2,000 ms and TPOT 200 ms); the
-    # INT8 checkpoint passed its gate, and n-gram drafting on it kept every greedy token of 4 answers of 32 tokens.
-    from helpers import cost, evals
-    rates = {CONFIGS_17[0]: 1.0, CONFIGS_17[1]: 1.1, CONFIGS_17[2]: 1.3}
-    rows = {n: {"max_rate_at_slo": r, "bracket": (r, 1.5 * r), "output_tokens_per_s_at_slo": r * 32 * 0.97,
-                "attainment at that rate": 0.95, "floor": None if n == CONFIGS_17[0] else rates[CONFIGS_17[0]]}
-            for n, r in rates.items()}
-    gate = evals.Gate(candidate=CONFIGS_17[1], baseline="float32 baseline", safe=True,
-                      reasons=["drift: KL 0.0040 nats per token (ok)", "drift: top-1 agreement 97.0% (ok)"],
-                      figures={"drift": {"kl_mean": 0.004, "kl_ci": [0.003, 0.005], "top1": 0.97, "top1_ci": [0.96, 0.98],
-                                         "positions": 3000}})
-    ns = dict(rows=rows, searches={n: SimpleNamespace(probes=[_probe(False), _probe(True)]) for n in CONFIGS_17},
-              BASE_NAME=CONFIGS_17[0], PRICE=cost.price("cpu"), OUTPUT_LEN=32, json=json, cost=cost,
-              _reports=tmp / "reports", measured=pd.DataFrame(rows.values()), gate=gate,
-              drafting=evals.Agreement(prompts=4, identical=4, tokens=128, before_first_difference=128),
-              greedy_prompts=["p"] * 4, PLAN=plan.lab("17", "cpu", quick=True))
-    _lab17_derive(ns)
-    return ns
+    # Lab 17 on the cpu profile (quick plan: 32-token answers, SLO 90% within TTFT 2,000 ms and TPOT 200 ms), raw:
+    # lab 15's qualities (the INT8 checkpoint within every limit), each search's row and probes, the greedy answers
+    # (n-gram drafting kept every token of 4 answers of 32) and the commands. The lab's derive cells gate, price, choose
+    # and write the deliverable.
+    return _ns17(tmp)
+
+
+def _ns17(tmp: Path, drafted: str = CONFIGS_17[2]) -> dict[str, Any]:
+    """Lab 17's raw measurements, drafting searched on ``drafted`` (the quantized checkpoint's, or the baseline's
+    where the gate did not say SAFE)."""
+    from IPython.display import Markdown, display
+    import altair as alt
+    from helpers import cost, runtime
+    p17, p15 = plan.lab("17", "cpu", quick=True), plan.lab("15", "cpu", quick=True)
+    prof = runtime.PROFILES["cpu"]
+    base, quant, spec = CONFIGS_17[0], CONFIGS_17[1], p17["speculative"]
+    spec_cfg = {k: v for k, v in spec.items() if k != "name"}
+    configs = {base: dict(profile=prof, engine={}, checkpoint=CHECKPOINTS_17[base], speculative=None, quality="baseline"),
+               quant: dict(profile=prof.replace(dtype="bfloat16"), engine={}, checkpoint=CHECKPOINTS_17[quant],
+                           speculative=None, quality="quantized")}
+    searched = [base, quant, drafted]
+    rows = {n: _row17(n, r, floor=None if n == base else 1.0) for n, r in zip(searched, (1.0, 1.1, 1.3))}
+    quality = {"baseline": _quality("smollm2 float32", BASE_WRONG_15, {512: 1.0, 2048: 0.25}, None),
+               "quantized": _quality(quant, BASE_WRONG_15, {512: 1.0, 2048: 0.25}, (0.004, 0.97))}
+    bench_cmd = "python -m helpers.bench run --rate 0.9 --seed 7 --base-url http://127.0.0.1:8000/v1 ..."
+    commands = {n: {"server": "python -m vllm.entrypoints.openai.api_server ... --port 8000", "bench": bench_cmd}
+                for n in searched}
+    prov = {"vllm": {"version": "0.32.0"}, "device": {"description": CPU_DESCRIPTION}}
+    return dict(
+        quality=quality, PLAN15=p15, PLAN=p17, QUICK=True, QUANT_NAME=quant, BASE_NAME=base, SPECULATIVE=spec,
+        spec_cfg=spec_cfg, CONFIGS=configs, rows=rows, greedy_out={n: [list(a) for a in GREEDY_17] for n in searched},
+        greedy_prompts=["p"] * 4, searches={n: SimpleNamespace(probes=[_probe(False), _probe(True)]) for n in searched},
+        commands=commands, provs={n: prov for n in searched}, PROFILE=prof, DEVICE="cpu", PRICE=cost.price("cpu"),
+        SLO=p17["slo"], ATTAINMENT=p17["attainment"], INPUT_LEN=128, OUTPUT_LEN=32, PROBE_S=16.0,
+        COMPARE_DEVICES=p17["compare_devices"], evals=evals, cost=cost, sizing=sizing, plan=plan, pd=pd, json=json,
+        alt=alt, display=display, Markdown=Markdown, runtime=SimpleNamespace(reports_dir=lambda: tmp / "reports"))
 
 
 def test_lab17_check_passes_when_a_configuration_fails_down_to_its_floor(tmp_path):
@@ -545,13 +555,11 @@ def test_lab17_check_passes_when_a_configuration_fails_down_to_its_floor(tmp_pat
     107 for float32): its search fails at its floor, the baseline's rate, and stops; it is not priced, and the check
     passes on what was measured."""
     ns = lab_17(tmp_path)
-    ns["rows"][CONFIGS_17[1]].update(max_rate_at_slo=None, bracket=(None, 1.0), output_tokens_per_s_at_slo=None,
-                                     **{"attainment at that rate": None})
-    _lab17_derive(ns)
-    ns["measured"] = pd.DataFrame(ns["rows"].values())
-    assert CONFIGS_17[1] not in ns["priced"]
+    ns["rows"][CONFIGS_17[1]] = _row17(CONFIGS_17[1], None, bracket=(None, 1.0), floor=1.0)
     check_cell("17").run(ns)
-    ns["rows"][CONFIGS_17[1]]["bracket"] = (None, 1.2)   # stopped above its floor: not a finished search
+    assert CONFIGS_17[1] not in ns["priced"]
+    ns = lab_17(tmp_path)
+    ns["rows"][CONFIGS_17[1]] = _row17(CONFIGS_17[1], None, bracket=(None, 1.2), floor=1.0)  # stopped above its floor
     with pytest.raises(AssertionError):
         check_cell("17").run(ns)
 
@@ -559,16 +567,16 @@ def test_lab17_check_passes_when_a_configuration_fails_down_to_its_floor(tmp_pat
 def test_lab17_never_calls_safe_a_configuration_beside_a_gate_that_said_not_safe(tmp_path):
     """The deliverable wrote the chosen configuration's "safe: true" over the quantized checkpoint's gate, even when
     that gate said NOT SAFE and the choice was the baseline plus drafting. Each verdict now comes from its own
-    evidence: with the gate NOT SAFE, the quantized configurations are not the same model and the choice avoids them;
-    the gate is saved as measured."""
-    ns = lab_17(tmp_path)
-    ns["gate"] = dataclasses.replace(ns["gate"], safe=False, verdict="NOT SAFE")
-    _lab17_derive(ns)
-    dep = ns["deployment"]
-    assert not dep.safe(CONFIGS_17[1]) and not dep.safe(CONFIGS_17[2]) and dep.chosen == CONFIGS_17[0]
-    saved = json.loads(ns["paths"]["json"].read_text())
-    assert saved["gate"]["safe"] is False and saved["safe"][saved["chosen"]] is True
+    evidence: with the gate NOT SAFE (top-1 agreement 87.7%, as measured on the cpu profile), drafting goes on the
+    baseline, the quantized configuration is not the same model and the choice avoids it; the gate is saved as
+    measured."""
+    ns = _ns17(tmp_path, drafted=CONFIGS_17[3])
+    _quantized_drifting(0.0404, 0.877)(ns)
     check_cell("17").run(ns)
+    dep = ns["deployment"]
+    assert ns["SPEC_NAME"] == CONFIGS_17[3] and not dep.safe(CONFIGS_17[1]) and dep.safe(CONFIGS_17[3])
+    saved = json.loads(ns["paths"]["json"].read_text())
+    assert saved["gate"]["safe"] is False and saved["gate"]["verdict"] == "NOT SAFE" and saved["safe"][saved["chosen"]]
 
 
 test_check_passes, test_doctored_measurement_fails, test_doctors_cover_every_assert = checks_for('phase3')
