@@ -1,5 +1,5 @@
-"""The shape of helpers/: no import circle (imports inside functions included), leaves that stay leaves, and a
-README that names every module.
+"""The shape of helpers/ and benchmarks/: no import circle (imports inside functions included), leaves that stay
+leaves, and a README that names every module.
 
 The graph is read from the source (ast), not by importing, so an import placed inside a function to dodge a
 circle is still an edge here, and still fails.
@@ -12,11 +12,13 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 PKG = ROOT / "helpers"
+#: The packages whose import graph is read: the helpers, and the benchmarks beside them.
+PACKAGES = ("helpers", "benchmarks")
 
 
 def _modules() -> dict[str, Path]:
     out = {}
-    for p in PKG.rglob("*.py"):
+    for p in (f for pkg in PACKAGES for f in (ROOT / pkg).rglob("*.py")):
         if "_data" in p.parts:
             continue
         rel = p.relative_to(ROOT).with_suffix("")
@@ -35,7 +37,7 @@ def _package_of(name: str, path: Path) -> str:
 
 
 def imports_of(name: str) -> set[str]:
-    """Every helpers module ``name`` imports, at module level or inside functions."""
+    """Every helpers or benchmarks module ``name`` imports, at module level or inside functions."""
     path = MODULES[name]
     tree = ast.parse(path.read_text())
     pkg = _package_of(name, path)
@@ -43,7 +45,7 @@ def imports_of(name: str) -> set[str]:
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             for a in node.names:
-                if a.name.split(".")[0] == "helpers":
+                if a.name.split(".")[0] in PACKAGES:
                     found.add(_existing(a.name))
         elif isinstance(node, ast.ImportFrom):
             if node.level:
@@ -52,7 +54,7 @@ def imports_of(name: str) -> set[str]:
                 mod = ".".join(base + ([node.module] if node.module else []))
             else:
                 mod = node.module or ""
-            if mod.split(".")[0] != "helpers":
+            if mod.split(".")[0] not in PACKAGES:
                 continue
             for a in node.names:
                 sub = f"{mod}.{a.name}"
@@ -100,6 +102,14 @@ def test_the_import_graph_has_no_circle():
     assert _cycle() is None, " -> ".join(_cycle() or [])
 
 
+def test_benchmarks_are_read_too_and_import_helpers_only_downwards():
+    """The side-by-side had a circle (render <-> rounds, and every module through the package's ROOT): the graph
+    covers benchmarks/ now, and nothing in helpers/ imports it."""
+    assert "benchmarks.side_by_side.render" in GRAPH and "benchmarks.side_by_side.rounds" in GRAPH
+    assert "benchmarks.side_by_side.rounds" not in GRAPH["benchmarks.side_by_side.render"]
+    assert not any(n.startswith("benchmarks") for m, deps in GRAPH.items() if m.startswith("helpers") for n in deps)
+
+
 def test_the_cycle_finder_finds_a_planted_circle():
     saved = dict(GRAPH)
     try:
@@ -145,7 +155,7 @@ def test_helpers_never_import_labs_benchmarks_or_ci():
 def test_readme_layout_names_every_top_level_module():
     readme = (ROOT / "README.md").read_text()
     layout = readme[readme.index("## Layout"):]
-    tops = {m.split(".")[1] for m in MODULES if m.count(".") >= 1}
+    tops = {m.split(".")[1] for m in MODULES if m.count(".") >= 1 and m.startswith("helpers.")}
     missing = [t for t in sorted(tops) if f"{t}" not in layout]
     assert not missing, f"README's Layout does not name: {missing}"
 
@@ -161,6 +171,8 @@ def test_every_public_function_says_which_lab_introduces_it():
     """d2l's "Defined in": each function and class a module exports (``__all__``) names the lab that introduces it."""
     missing = []
     for name, path in MODULES.items():
+        if not name.startswith("helpers"):  # the benchmarks are not a lab's: no lab introduces them
+            continue
         tree = ast.parse(path.read_text())
         public = _public(tree)
         for node in tree.body:

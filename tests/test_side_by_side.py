@@ -190,7 +190,7 @@ def test_report_renders_from_saved_runs(tmp_path):
     render.write_report(tmp_path, rep, None)
     text = (tmp_path / "report.md").read_text()
     assert "agree within 5%" in text and "## 5. Where they differ and why" in text
-    again = render.rerender(tmp_path)  # from report.json alone
+    again = rounds.rerender(tmp_path)  # from report.json alone
     assert again["passed"] and again["matched"]["vllm"] == rep["matched"]["vllm"]
     assert json.loads((tmp_path / "report.json").read_text())["comparison"]["vllm"]["ttft"]["within_tolerance"]
 

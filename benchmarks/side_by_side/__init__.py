@@ -62,15 +62,16 @@ Modules: `records` (the load, the target, per-request records) -> `process` (a t
 `capacity` (client capacity) -> `__main__` (the CLI).
 """
 
-from pathlib import Path
+from helpers import settings
 
-ROOT = Path(__file__).resolve().parents[2]
+from .compare import TOLERANCE, compare_matched, verdict
+from .records import Load, Req, Target, ToolRun, matched_metrics
+from .rounds import side_by_side
+from .serving import serving, warm_up
+from .tools import LABELS, TOOLS
 
-from .compare import TOLERANCE, compare_matched, verdict  # noqa: E402
-from .records import Load, Req, Target, ToolRun, matched_metrics  # noqa: E402
-from .rounds import side_by_side  # noqa: E402
-from .serving import serving, warm_up  # noqa: E402
-from .tools import LABELS, TOOLS  # noqa: E402
+#: The repository the runs write under (helpers.settings decides it, as for every lab).
+ROOT = settings.repo_root()
 
 __all__ = ["ROOT", "Load", "Target", "Req", "ToolRun", "matched_metrics", "compare_matched", "verdict", "TOLERANCE",
            "side_by_side", "serving", "warm_up", "TOOLS", "LABELS"]

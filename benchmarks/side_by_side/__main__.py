@@ -12,7 +12,8 @@ from typing import Sequence
 from . import __doc__ as _doc
 from . import capacity as _capacity
 from .records import Load
-from .render import STEM, rerender
+from .render import STEM
+from .rounds import rerender
 from .rounds import side_by_side
 from .serving import MAX_MODEL_LEN, serving, warm_up
 from .tools import LABELS, TOOLS

@@ -8,6 +8,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from helpers import settings
+
 from .tools import LABELS, aiperf, guidellm, venvs
 
 __all__ = ["DEFINITIONS", "source_paths", "differences", "fmt", "sub", "div"]
@@ -29,13 +31,12 @@ def div(a: float | None, b: float | None) -> float | None:
 
 def source_paths() -> dict[str, str]:
     """Where each definition below is written, in this machine's installed copies of the tools."""
-    from . import ROOT
-
+    root = settings.repo_root()
     spec = importlib.util.find_spec("vllm")
     vllm_dir = Path(spec.origin).parent if spec and spec.origin else Path("vllm")
     gdir = (venvs.site_packages(guidellm.venv()) or guidellm.venv() / "lib/python3.X/site-packages") / "guidellm"
     adir = (venvs.site_packages(aiperf.venv()) or aiperf.venv() / "lib/python3.X/site-packages") / "aiperf"
-    rel = lambda p: os.path.relpath(p, ROOT) if str(p).startswith(str(ROOT)) else str(p)  # noqa: E731
+    rel = lambda p: os.path.relpath(p, root) if root and str(p).startswith(str(root)) else str(p)  # noqa: E731
     return {
         "ours_records": "helpers/bench/records.py", "ours_client": "helpers/bench/client.py",
         "ours_stats": "helpers/bench/stats.py",

@@ -21,7 +21,7 @@ from typing import Mapping, Sequence
 import numpy as np
 import psutil
 
-from helpers import metrics, procs
+from helpers import metrics, procs, settings
 from helpers.metrics import ServerView
 
 from .records import Target, ToolRun
@@ -45,9 +45,11 @@ def tool_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
 def repo_on_path() -> dict[str, str]:
     """``PYTHONPATH`` with this repository first, for the tools that run this repository's code (ours, and the
     ``vllm bench serve`` runner), whether or not the package is installed."""
-    from . import ROOT
-
-    return {"PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    root = settings.repo_root()
+    if root is None:
+        raise RuntimeError("the side-by-side runs from a checkout of the labs (it runs this repository's code): "
+                           "set LABS_HOME to it, or run from inside it")
+    return {"PYTHONPATH": os.pathsep.join([str(root), *filter(None, [os.environ.get("PYTHONPATH")])])}
 
 
 class TreeCPU:

@@ -3,18 +3,18 @@
 
 from __future__ import annotations
 
-import json
+import ast
 import os
 from pathlib import Path
 from typing import Any
 
-from helpers import artifacts
+from helpers import artifacts, settings
 
 from .explain import DEFINITIONS, differences, fmt, sub
-from .records import Load, Target, ToolRun
+from .records import Target
 from .tools import LABELS
 
-__all__ = ["render_markdown", "charts", "write_report", "provenance_of", "rerender", "STEM"]
+__all__ = ["render_markdown", "charts", "write_report", "provenance_of", "STEM"]
 
 STEM = "report"
 _REPORTED = [("TTFT mean", "ttft_mean"), ("TTFT p50", "ttft_p50"), ("TTFT p99", "ttft_p99"),
@@ -158,14 +158,13 @@ def _calibration(rep: dict[str, Any]) -> list[str]:
 
 
 def _runs(rep: dict[str, Any]) -> list[str]:
-    from . import ROOT
-
+    root = settings.repo_root()
     L = ["## 6. Every run\n",
          "| round | tool | completed | failed | TTFT mean | TPOT mean | server TTFT mean | wall (s) | folder |",
          "|---|---|---|---|---|---|---|---|---|"]
     for run in rep["runs"]:
         m, where = run.matched, run.out_dir
-        where = os.path.relpath(where, ROOT) if where.startswith(str(ROOT)) else where
+        where = os.path.relpath(where, root) if root and where.startswith(str(root)) else where
         L.append(f"| {run.round + 1} | {LABELS[run.tool]} | {m['n']} | {m['failed']} | {fmt(m['ttft_mean'])} | "
                  f"{fmt(m['tpot_mean'])} | {fmt(run.server_mean('ttft'))} | {fmt(run.wall_s, '.0f')} | `{where}` |")
     L += ["", "Commands (round 1):\n"]
@@ -177,8 +176,8 @@ def _runs(rep: dict[str, Any]) -> list[str]:
 
 
 def _reproduce() -> str:
-    from . import __doc__ as doc
-
+    # the package's docstring, read from its file (importing the package from here would be a circle)
+    doc = ast.get_docstring(ast.parse(Path(__file__).with_name("__init__.py").read_text()))
     start = (doc or "").find("## How to run")
     return doc[start:].split("\n", 1)[1].strip("\n") if start >= 0 else (doc or "")
 
@@ -246,17 +245,3 @@ def write_report(out: Path, rep: dict[str, Any], prov: dict[str, Any] | None) ->
     tools = ", ".join(LABELS[t] for t in rep["tools"])
     return artifacts.write(out, STEM, title=f"Side by side: {tools}", markdown=render_markdown(rep), data=rep,
                            charts=charts(rep), provenance=prov)
-
-
-def rerender(out: Path) -> dict[str, Any]:
-    """Rebuild the report from the runs saved in ``out/report.json`` (no server needed; provenance kept)."""
-    from .rounds import build_report
-
-    old = json.loads((Path(out) / f"{STEM}.json").read_text())
-    runs = [ToolRun.from_dict(d) for d in old["runs"]]
-    rep = build_report(Target(**old["target"]), Load(**old["load"]), runs, old["tools"], old["rounds"],
-                       old.get("role_chunk"), old.get("notes", []), old.get("elapsed_s", 0.0),
-                       old.get("calibration"), date=old.get("date"))
-    rep["versions"], rep["sources"] = old.get("versions", rep["versions"]), old.get("sources", rep["sources"])
-    write_report(Path(out), rep, old.get("provenance"))
-    return rep

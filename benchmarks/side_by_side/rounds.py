@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as _dt
+import json
 import shutil
 import time
 from dataclasses import asdict
@@ -95,3 +96,15 @@ def build_report(target: Target, load: Load, runs: list[ToolRun], tools: Sequenc
     report.update(compare.summarize_runs(runs, load, tools))
     report["runs"] = runs
     return report
+
+
+def rerender(out: Path) -> dict[str, Any]:
+    """Rebuild the report from the runs saved in ``out/report.json`` (no server needed; provenance kept)."""
+    old = json.loads((Path(out) / f"{render.STEM}.json").read_text())
+    runs = [ToolRun.from_dict(d) for d in old["runs"]]
+    rep = build_report(Target(**old["target"]), Load(**old["load"]), runs, old["tools"], old["rounds"],
+                       old.get("role_chunk"), old.get("notes", []), old.get("elapsed_s", 0.0),
+                       old.get("calibration"), date=old.get("date"))
+    rep["versions"], rep["sources"] = old.get("versions", rep["versions"]), old.get("sources", rep["sources"])
+    render.write_report(Path(out), rep, old.get("provenance"))
+    return rep

@@ -16,6 +16,8 @@ import re
 from pathlib import Path
 from typing import Any, Callable
 
+from helpers import settings
+
 from ..process import run_tool, window_cpu
 from ..records import Load, Req, Target, ToolRun
 from . import venvs
@@ -29,9 +31,7 @@ SUMMARY = "profile_export_aiperf.json"
 
 def venv() -> Path:
     """Where AIPerf's own environment lives: ``.venv-aiperf`` in the repository."""
-    from .. import ROOT
-
-    return ROOT / ".venv-aiperf"
+    return settings.repo_root() / ".venv-aiperf"
 
 
 def ensure(log: Callable[[str], None] = print) -> tuple[Path | None, str]:

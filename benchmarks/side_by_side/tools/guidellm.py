@@ -10,6 +10,8 @@ import json
 from pathlib import Path
 from typing import Any, Callable
 
+from helpers import settings
+
 from ..process import run_tool, window_cpu
 from ..records import Load, Req, Target, ToolRun
 from . import venvs
@@ -22,9 +24,7 @@ RESULT = "benchmarks.json"
 
 def venv() -> Path:
     """Where GuideLLM's own environment lives: ``.venv-guidellm`` in the repository."""
-    from .. import ROOT
-
-    return ROOT / ".venv-guidellm"
+    return settings.repo_root() / ".venv-guidellm"
 
 
 def ensure(log: Callable[[str], None] = print) -> tuple[Path | None, str]:

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from helpers import bench
+from helpers import bench, settings
 
 from ..process import repo_on_path, run_tool, window_cpu
 from ..records import Load, Req, Target, ToolRun
@@ -53,11 +53,10 @@ def parse(out: Path) -> tuple[list[Req], dict[str, Any], dict[str, Any]]:
 
 def run(target: Target, load: Load, out: Path, round_: int) -> ToolRun:
     """One run of our harness at ``load`` (seed ``load.seed + round_``: no prompt is ever sent twice)."""
-    from .. import ROOT
-
+    root = settings.repo_root()
     cmd = command(target, load, out, load.seed + round_)
     run = ToolRun("ours", round_, str(out), "python " + " ".join(cmd[1:]))
-    cpu = run_tool(run, target, cmd, out, load.timeout_s, ROOT, RESULT, env=repo_on_path())
+    cpu = run_tool(run, target, cmd, out, load.timeout_s, root, RESULT, env=repo_on_path())
     if cpu is not None:
         run.reqs, run.reported, run.extra = parse(out)
         window_cpu(run, cpu)

@@ -9,6 +9,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from helpers import settings
+
 from ..process import repo_on_path, run_tool, window_cpu
 from ..records import Load, Req, Target, ToolRun
 
@@ -77,13 +79,12 @@ def parse(path: Path, mono_to_wall: float) -> tuple[list[Req], dict[str, Any], d
 
 def run(target: Target, load: Load, out: Path, round_: int) -> ToolRun:
     """One run of ``vllm bench serve`` at ``load``, through :mod:`.vllm_cli`."""
-    from .. import ROOT
-
+    root = settings.repo_root()
     a = args(target, load, out, load.seed + round_)
     cmd = [sys.executable, "-m", "benchmarks.side_by_side.tools.vllm_cli", *a]
     run = ToolRun("vllm", round_, str(out), "vllm bench serve " + " ".join(a))
     mono_to_wall = time.time() - time.perf_counter()  # perf_counter is CLOCK_MONOTONIC, shared across processes
-    cpu = run_tool(run, target, cmd, out, load.timeout_s, ROOT, RESULT, env={**repo_on_path(), **env()})
+    cpu = run_tool(run, target, cmd, out, load.timeout_s, root, RESULT, env={**repo_on_path(), **env()})
     if cpu is not None:
         run.reqs, run.reported, run.extra = parse(out / RESULT, mono_to_wall)
         window_cpu(run, cpu)
