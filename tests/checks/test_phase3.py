@@ -340,6 +340,18 @@ def test_lab15_check_holds_on_the_full_plan_whose_last_candidate_is_the_fp8_kv_c
     assert not ns["gates"]["FP8 KV cache"].failed   # nothing failed (on 8 questions a task it cannot prove SAFE)
 
 
+def test_lab15_check_holds_when_a_second_example_is_rejected_on_its_point_estimate_alone(tmp_path):
+    """Measured on the cpu profile in float32: INT8 W8A8's top-1 agreement 88.2% (under the gate's 90%) with an
+    interval reaching 90.5%. It is an example (the average cannot tell it, drift rejected it), but its interval does
+    not lie beyond the limit: the check asserted that of every example and failed; the claim is that at least one
+    (the 4-bit worked example) shows damage only drift sees, beyond doubt."""
+    ns = LABS["15"].build(tmp_path)
+    ns["results"][INT8_15].drift = evals.Drift(kl_mean=0.0392, kl_ci=(0.0346, 0.0445), kl_p99=0.25, top1=0.882,
+                                               top1_ci=(0.854, 0.905), positions=824, texts=16, top_k=20)
+    check_cell("15").run(ns)
+    assert set(ns["examples"]) == {INT8_15, MXFP4_15}
+
+
 def test_lab15_an_inconclusive_candidate_is_no_example_of_hidden_damage(tmp_path):
     """The gate now calls a candidate with too few questions to bound its loss INCONCLUSIVE, not SAFE; the lab's
     examples of damage only drift can see must still be those that drift rejected, or its check would assert a drift
