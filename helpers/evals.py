@@ -39,6 +39,7 @@ import numpy as np
 from . import models, procs, settings
 from .bench.stats import bootstrap_ci
 from .bench.workloads import token_counter
+from .endpoint import auth_headers
 
 __all__ = ["TASKS", "TaskScore", "Accuracy", "accuracy", "LmEvalMissing", "lm_eval_python", "greedy", "Agreement",
            "agreement", "Drift", "prompt_logprobs", "drift", "LengthScore",
@@ -242,7 +243,7 @@ def prompt_logprobs(server: Any, texts: Sequence[str] | None = None, top_k: int 
     """
     from concurrent.futures import ThreadPoolExecutor
 
-    headers = {"Authorization": f"Bearer {server.api_key}"} if getattr(server, "api_key", None) else {}
+    headers = auth_headers(getattr(server, "api_key", None))
     with httpx.Client(timeout=600.0, headers=headers,
                       limits=httpx.Limits(max_connections=max(1, concurrency))) as client:
         def one(text: str) -> list[dict[int, float]]:
@@ -267,7 +268,7 @@ def greedy(server: Any, prompts: Sequence[str], max_tokens: int = 32, concurrenc
     """
     from concurrent.futures import ThreadPoolExecutor
 
-    headers = {"Authorization": f"Bearer {server.api_key}"} if getattr(server, "api_key", None) else {}
+    headers = auth_headers(getattr(server, "api_key", None))
     with httpx.Client(timeout=600.0, headers=headers,
                       limits=httpx.Limits(max_connections=max(1, concurrency))) as client:
         def one(prompt: str) -> list[str]:
@@ -439,7 +440,7 @@ def long_context(server: Any, lengths: Sequence[int], haystacks: int = 2, seed: 
     """
     counter = token_counter(models.local_path(server.model_path) or server.model_path)
     first = {w: counter.ids(" " + w, special=False)[0] for w in _WORDS}
-    headers = {"Authorization": f"Bearer {server.api_key}"} if getattr(server, "api_key", None) else {}
+    headers = auth_headers(getattr(server, "api_key", None))
     result = {}
     with httpx.Client(timeout=1800.0, headers=headers) as client:
         for length in lengths:

@@ -18,6 +18,8 @@ from typing import Any, Iterable, Mapping
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from .endpoint import auth_headers
+
 __all__ = ["Sample", "Snapshot", "scrape", "parse", "Sampler", "MetricsUnavailable", "ServerView", "server_root"]
 
 
@@ -148,9 +150,8 @@ def scrape(base_url: str, timeout: float = 10.0, api_key: str | None = None) -> 
     Introduced in lab 02 (Prefill and Decode).
     """
     root = server_root(base_url)
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     try:
-        r = httpx.get(f"{root}/metrics", timeout=timeout, headers=headers)
+        r = httpx.get(f"{root}/metrics", timeout=timeout, headers=auth_headers(api_key))
     except httpx.HTTPError as e:
         raise MetricsUnavailable(f"could not reach {root}/metrics: {e}") from e
     if r.status_code != 200:
@@ -179,7 +180,7 @@ class Sampler:
     def __init__(self, base_url: str, names: Iterable[str], interval: float = 0.25, api_key: str | None = None):
         root = server_root(base_url)
         self.url, self.names, self.interval = f"{root}/metrics", tuple(names), interval
-        self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.headers = auth_headers(api_key)
         self.rows: list[dict[str, float]] = []
         self.error: str | None = None
         self._stop = threading.Event()

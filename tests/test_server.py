@@ -734,3 +734,22 @@ def test_a_server_bound_to_some_cores_starts_on_them_with_its_children(tmp_path)
     p.popen.wait(30)
     assert f"[{last}] [{last}]" in (tmp_path / "a.log").read_text()
     p.stop()
+
+
+def test_a_server_and_a_router_expose_one_endpoint_type_and_the_key_never_shows():
+    """One Endpoint type for every server-like thing: the bench, metrics and evals read base_url, api_key and model
+    from it; the Authorization header is built in one place; the key is not in its repr (logs, notebooks)."""
+    from helpers.endpoint import Endpoint, auth_headers
+    from helpers.fleet.router import Router
+
+    srv = server.Server("default", api_key="sk-secret", port=43210)
+    with pytest.raises(RuntimeError, match="start"):
+        srv.endpoint  # noqa: B018 - not started: no port to point at
+    srv.port = 43210   # as start() sets it
+    ep = srv.endpoint
+    assert ep == Endpoint("http://127.0.0.1:43210/v1", "sk-secret", srv.served_model_name)
+    assert ep.headers == {"Authorization": "Bearer sk-secret"} == auth_headers("sk-secret") and auth_headers(None) == {}
+    assert "sk-secret" not in repr(ep) and not ep.ready(timeout=0.5)  # nothing listens there: no, not an exception
+    router = Router.__new__(Router)   # its fields only: no vllm-router process
+    router.host, router.port, router._model = "127.0.0.1", 43211, "smollm2"
+    assert router.endpoint == Endpoint("http://127.0.0.1:43211/v1", None, "smollm2")

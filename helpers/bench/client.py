@@ -22,6 +22,7 @@ from typing import Any
 
 import aiohttp
 
+from ..endpoint import auth_headers
 from .records import Request, RequestResult, Timings
 
 __all__ = ["ClientConfig", "StreamParser", "build_payload", "send", "make_session", "list_models", "server_alive",
@@ -53,10 +54,7 @@ class ClientConfig:
         return f"{root}/chat/completions" if endpoint == "chat" else f"{root}/completions"
 
     def headers(self) -> dict[str, str]:
-        h = {"Content-Type": "application/json"}
-        if self.api_key:
-            h["Authorization"] = f"Bearer {self.api_key}"
-        return h
+        return {"Content-Type": "application/json", **auth_headers(self.api_key)}
 
 
 def build_payload(req: Request, cfg: ClientConfig) -> dict[str, Any]:
@@ -342,8 +340,7 @@ async def list_models(session: aiohttp.ClientSession, base_url: str, api_key: st
 
     Introduced in lab 02 (Prefill and Decode).
     """
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    async with session.get(base_url.rstrip("/") + "/models", headers=headers,
+    async with session.get(base_url.rstrip("/") + "/models", headers=auth_headers(api_key),
                            timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
         if resp.status != 200:
             raise RuntimeError(f"GET {base_url}/models answered HTTP {resp.status}: {(await resp.text())[:200]}")

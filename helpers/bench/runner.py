@@ -35,6 +35,7 @@ from typing import Any, Callable
 import httpx
 
 from .. import provenance, settings
+from ..endpoint import auth_headers
 from ..metrics import ServerView
 from ..progress import Bar as ProgressBar
 from .arrivals import Arrivals, Synchronous
@@ -108,9 +109,8 @@ def target_of(server: Any, model: str | None = None, api_key: str | None = None)
         raise ValueError(f"base_url {url!r} does not end in /v1: it should be the OpenAI base URL "
                          "(e.g. http://127.0.0.1:8000/v1), or pass the server itself")
     api_key = api_key or getattr(server, "api_key", None)
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     try:
-        r = httpx.get(f"{url}/models", headers=headers, timeout=10.0)
+        r = httpx.get(f"{url}/models", headers=auth_headers(api_key), timeout=10.0)
         r.raise_for_status()
         cards = r.json().get("data", [])
     except (httpx.HTTPError, ValueError) as e:

@@ -29,6 +29,7 @@ from typing import Any, Sequence
 import httpx
 
 from .. import metrics, procs
+from ..endpoint import Endpoint
 
 __all__ = ["Router", "router_executable", "POLICIES"]
 
@@ -91,9 +92,14 @@ class Router:
         return f"http://{self.host}:{self.metrics_port}/metrics"
 
     @property
+    def endpoint(self) -> Endpoint:
+        """Where the router answers (:class:`helpers.endpoint.Endpoint`): its ``/v1`` and the model it routes."""
+        return Endpoint(self.base_url, model=self._model)
+
+    @property
     def model(self) -> str | None:
         if self._model is None:
-            cards = httpx.get(f"{self.base_url}/models", timeout=10).json().get("data", [])
+            cards = Endpoint(self.base_url).models()
             self._model = cards[0]["id"] if cards else None
         return self._model
 

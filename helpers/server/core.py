@@ -22,6 +22,7 @@ import psutil
 from .. import metrics as _metrics
 from .. import models as _models
 from .. import procs, settings, support
+from ..endpoint import Endpoint
 from ..progress import Bar as ProgressBar
 from ..runtime import Profile, detect, resolve_engine_args
 from .args import check_engine_args, engine_cli, normalize
@@ -206,6 +207,13 @@ class Server:
         return self.served_model_name
 
     @property
+    def endpoint(self) -> Endpoint:
+        """Where this server answers, with its key and served name (:class:`helpers.endpoint.Endpoint`)."""
+        if self.port is None:
+            raise RuntimeError(f"{self.served_model_name} has no port yet: start() it (or use server.start) first")
+        return Endpoint(self.base_url, self.api_key, self.served_model_name)
+
+    @property
     def swappable(self) -> bool:
         """Started with ``swappable=True``: :meth:`swap_weights` can load another checkpoint into it."""
         return self.env.get(_DEV_MODE) == "1"
@@ -369,12 +377,7 @@ class Server:
             cpus=bound_cpus(self.env)).start()
 
     def _healthy(self, host: str | None = None, port: int | None = None) -> bool:
-        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
-        try:
-            r = httpx.get(f"http://{host or self.host}:{port or self.port}/v1/models", timeout=2.0, headers=headers)
-            return r.status_code == 200
-        except httpx.HTTPError:
-            return False
+        return Endpoint(f"http://{host or self.host}:{port or self.port}/v1", self.api_key).ready()
 
     def stop(self) -> None:
         """Stop the server and its whole process tree (with reuse on: park it for the next lab).

@@ -1,0 +1,65 @@
+"""Where an OpenAI-compatible server answers: its base URL, its API key and the model it serves, in one type.
+
+A :class:`helpers.server.Server`, a :class:`helpers.fleet.Router` and the gateway all expose ``.endpoint``; the
+benchmark, the metrics scraper and the evaluations take one (or anything with ``base_url``). The ``Authorization``
+header is built here and nowhere else, so a key is sent the same way everywhere and never logged::
+
+    ep = srv.endpoint                  # Endpoint(url='http://127.0.0.1:40123/v1', api_key=None, model='smollm2')
+    ep.ready()                         # GET /v1/models answered 200
+    ep.models()                        # the model cards it lists
+    httpx.get(f"{ep.base_url}/models", headers=ep.headers)
+
+Introduced in lab 01 (One GPU, One Model).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+__all__ = ["Endpoint", "auth_headers"]
+
+
+def auth_headers(api_key: str | None) -> dict[str, str]:
+    """The request headers that carry ``api_key`` (vLLM's ``--api-key``: a bearer token); none without a key.
+
+    Introduced in lab 01 (One GPU, One Model).
+    """
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """An OpenAI-compatible base URL (ending in ``/v1``), the key it needs and the model it serves (``None``: ask
+    it, :meth:`models`). The key is never part of the ``repr``.
+
+    Introduced in lab 01 (One GPU, One Model).
+    """
+
+    url: str
+    api_key: str | None = field(default=None, repr=False)
+    model: str | None = None
+
+    @property
+    def base_url(self) -> str:
+        return self.url.rstrip("/")
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return auth_headers(self.api_key)
+
+    def models(self, timeout: float = 10.0) -> list[dict[str, Any]]:
+        """The model cards ``GET /models`` lists (``id``: the served name, ``root``: what was loaded,
+        ``max_model_len``); raises ``httpx.HTTPError`` when the server does not answer 200."""
+        r = httpx.get(f"{self.base_url}/models", headers=self.headers, timeout=timeout)
+        r.raise_for_status()
+        return r.json().get("data", [])
+
+    def ready(self, timeout: float = 2.0) -> bool:
+        """Whether ``GET /models`` answers 200 now (a readiness probe: no exception, just yes or no)."""
+        try:
+            return httpx.get(f"{self.base_url}/models", headers=self.headers, timeout=timeout).status_code == 200
+        except httpx.HTTPError:
+            return False
