@@ -264,14 +264,6 @@ class Profile:
         value = self.engine_args.get("gpu_memory_utilization", 0.9)
         return value.share() if isinstance(value, WorkerMemory) else float(value)
 
-    def server_kwargs(self, **overrides: Any) -> dict[str, Any]:
-        """Arguments for :func:`helpers.server.Server`: model, name, dtype, max_model_len, knobs and env."""
-        args = {"dtype": self.dtype, "max_model_len": self.max_model_len, **self.engine_args}
-        env = dict(self.env)
-        env.update(overrides.pop("env", None) or {})
-        args.update({k.replace("-", "_"): v for k, v in overrides.items()})
-        return {"model": self.model, "served_model_name": self.served_model_name, "engine_args": args, "env": env}
-
     def replace(self, **changes: Any) -> "Profile":
         return dataclasses.replace(self, **changes)
 

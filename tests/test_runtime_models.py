@@ -37,15 +37,22 @@ def test_choose_profile(name, mem, cc, expected):
     assert runtime.choose_profile(machine(GPU(name, mem, cc))) == expected
 
 
-def test_cpu_profile_and_overrides(monkeypatch):
+def test_cpu_profile_and_overrides(monkeypatch, tmp_path):
     monkeypatch.delenv("LABS_PROFILE", raising=False)
     monkeypatch.delenv("LABS_CPU_DTYPE", raising=False)
     prof = runtime.profile(machine=machine())
     assert prof.name == "cpu" and prof.model == models.DEFAULT_ID and prof.gpu_memory_gib is None
-    kw = prof.server_kwargs(max_model_len=4096, env={"X": "1"})
-    assert kw["engine_args"]["max_model_len"] == 4096
-    assert kw["engine_args"]["optimization_level"] == 0
-    assert kw["env"] == {"VLLM_CPU_NUM_OF_RESERVED_CPU": "0", "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "X": "1"}
+    from helpers.server import Server
+    srv = Server.from_profile(prof, max_model_len=4096, env={"X": "1"}, api_key="k", engine_args={"max-num-seqs": 4})
+    assert srv.engine_args["max_model_len"] == 4096 and srv.engine_args["max_num_seqs"] == 4
+    assert srv.engine_args["optimization_level"] == 0 and srv.api_key == "k" and srv.served_model_name == "smollm2"
+    assert srv.env == {**prof.env, "X": "1"} == {"VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
+                                                 "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "X": "1"}
+    (tmp_path / "config.json").write_text("{}")
+    other = Server.from_profile(prof, model=tmp_path, served_model_name="w8a8")  # another checkpoint, same settings
+    assert str(other.model_path) == str(tmp_path) and other.served_model_name == "w8a8"
+    assert other.engine_args["dtype"] == prof.dtype
+
     assert prof.engine_args.get("max_model_len") is None  # the profile itself is untouched
     # The KV pool is set the way a GPU sets it: a share of memory, not a byte count vLLM would report back.
     assert "kv_cache_memory_bytes" not in prof.engine_args and "VLLM_CPU_KVCACHE_SPACE" not in prof.env

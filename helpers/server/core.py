@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import inspect
 import json
 import os
 import shlex
@@ -212,6 +213,24 @@ class Server:
         if self.port is None:
             raise RuntimeError(f"{self.served_model_name} has no port yet: start() it (or use server.start) first")
         return Endpoint(self.base_url, self.api_key, self.served_model_name)
+
+    @classmethod
+    def from_profile(cls, profile: Profile, **kwargs: Any) -> "Server":
+        """A server (not started) for ``profile``: its model, served name, dtype, context length, engine arguments
+        and environment. A keyword that is one of this class's own (``api_key``, ``port``, ``env`` added to the
+        profile's, ``model`` for another checkpoint with the profile's settings...) sets it; any other is an engine
+        argument over the profile's (``max_num_seqs=4``). The profile describes; the server is built only here.
+
+        Introduced in lab 01 (One GPU, One Model).
+        """
+        own = set(inspect.signature(cls.__init__).parameters) - {"self"}
+        engine = {"dtype": profile.dtype, "max_model_len": profile.max_model_len, **profile.engine_args}
+        engine.update({k.replace("-", "_"): v for k, v in kwargs.items() if k not in own})
+        engine.update(normalize(kwargs.get("engine_args") or {}))
+        args = {k: v for k, v in kwargs.items() if k in own and k not in ("engine_args", "env", "model")}
+        args.setdefault("served_model_name", profile.served_model_name)
+        return cls(kwargs.get("model", profile.model), engine_args=engine,
+                   env={**profile.env, **(kwargs.get("env") or {})}, **args)
 
     @property
     def swappable(self) -> bool:
@@ -515,11 +534,6 @@ class Server:
         return openai.AsyncOpenAI(base_url=self.base_url, api_key=self.api_key or "EMPTY", **kwargs)
 
 
-_SERVER_KWARGS = {"served_model_name", "engine_args", "env", "host", "port", "api_key", "behind_auth_proxy",
-                  "log_dir", "ready_timeout", "python", "reuse", "progress", "make_room", "model",
-                  "wait_for_slot_s", "stall_s", "swappable"}
-
-
 def bound_cpus(env: Mapping[str, str]) -> set[int] | None:
     """The CPUs a server bound with ``VLLM_CPU_OMP_THREADS_BIND`` (e.g. ``"1"``, ``"0-3|4-7"``) runs on, when they
     are fewer than this process may use; ``None`` otherwise (unbound, ``auto``, ``nobind``, or every CPU).
@@ -567,13 +581,7 @@ def start(model: "str | os.PathLike | Profile | None" = "default", /, **kwargs: 
     Introduced in lab 01 (One GPU, One Model).
     """
     if isinstance(model, Profile):
-        overrides = {k: v for k, v in kwargs.items() if k not in _SERVER_KWARGS}
-        own = {k: v for k, v in kwargs.items() if k in _SERVER_KWARGS}
-        prof = model.server_kwargs(env=own.pop("env", None), **overrides)
-        if "engine_args" in own:
-            prof["engine_args"].update(normalize(own.pop("engine_args")))
-        prof.update(own)
-        return Server(prof.pop("model"), **prof).start()
+        return Server.from_profile(model, **kwargs).start()
     return Server(model, **kwargs).start()
 
 
