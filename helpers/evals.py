@@ -42,7 +42,7 @@ from .bench.workloads import token_counter
 from .endpoint import auth_headers
 
 __all__ = ["TASKS", "TaskScore", "Accuracy", "accuracy", "LmEvalMissing", "lm_eval_python", "greedy", "Agreement",
-           "agreement", "Drift", "prompt_logprobs", "drift", "LengthScore",
+           "agreement", "Drift", "drift_texts", "prompt_logprobs", "drift", "LengthScore",
            "LongContext", "long_context", "Quality", "quality", "Gate", "gate", "bootstrap_mean_ci", "paired_diff_ci"]
 
 #: The multiple-choice tasks shipped in data/evals/ (one JSONL each).
@@ -225,11 +225,19 @@ def accuracy(server: Any, tasks: Sequence[str] = TASKS, limit: int | None = None
 
 
 # ----------------------------------------------------------------------------------------- drift
-def _texts(texts: Sequence[str] | None) -> list[str]:
-    if texts is not None:
-        return list(texts)
+def drift_texts(n: int | None = None) -> list[str]:
+    """The first ``n`` of the shipped drift texts (``data/evals/drift_texts.jsonl``: 40 paragraphs of plain English;
+    ``None``: all of them), the texts every drift measurement, greedy comparison and routing trace reads.
+
+    Introduced in lab 12 (FP8 as the Default).
+    """
     f = settings.data_dir() / "evals" / "drift_texts.jsonl"
-    return [json.loads(line)["text"] for line in f.read_text().splitlines() if line.strip()]
+    texts = [json.loads(line)["text"] for line in f.read_text().splitlines() if line.strip()]
+    return texts if n is None else texts[:n]
+
+
+def _texts(texts: Sequence[str] | None) -> list[str]:
+    return list(texts) if texts is not None else drift_texts()
 
 
 def prompt_logprobs(server: Any, texts: Sequence[str] | None = None, top_k: int = 20,

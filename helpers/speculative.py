@@ -21,14 +21,13 @@ Introduced in lab 16 (Speculative Decoding).
 from __future__ import annotations
 
 import json
-import math
 import random
 import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
-from . import settings
+from .evals import drift_texts
 from .bench.workloads import FromJsonl
 
 __all__ = ["Acceptance", "acceptance", "expected_tokens_per_step", "equivalent_alpha", "predicted_speedup",
@@ -144,8 +143,7 @@ _PREMISES = ("a lighthouse keeper who finds a map", "two friends lost in a night
 
 
 def _paragraphs() -> list[str]:
-    f = settings.data_dir() / "evals" / "drift_texts.jsonl"
-    return [json.loads(line)["text"] for line in f.read_text().splitlines() if line.strip()]
+    return drift_texts()
 
 
 def prompts(kind: str, n: int, seed: int = 0) -> list[str]:
