@@ -49,6 +49,7 @@ def test_a_wheel_installed_elsewhere_loads_every_shipped_config_from_another_dir
         "for hub_id in sizing.config.hub_ids(): sizing.load_config(hub_id)\n"
         "d = settings.data_dir(); assert (d / 'prompts' / 'sample_chat.jsonl').is_file()\n"
         "assert (d / 'tiny' / 'tiny-gqa.json').is_file()\n"
+        "assert (d / 'calibration' / 'tokens.json').is_file() and (d / 'evals' / 'drift_texts.jsonl').is_file()\n"
         "print(len(names), d)\n"
     )
     env = {k: v for k, v in os.environ.items() if k not in ("LABS_HOME", "PYTHONPATH")}
