@@ -23,11 +23,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import settings
-from .settings import data_dir, quick, reports_dir, repo_root, runs_dir
 
 __all__ = [
     "GPU", "Machine", "Profile", "WorkerMemory", "resolve_engine_args", "PROFILES", "detect", "profile", "choose_profile", "cpu_profile",
-    "quick", "data_dir", "reports_dir", "repo_root", "runs_dir", "parse_nvidia_smi", "parse_cpuinfo",
+    "parse_nvidia_smi", "parse_cpuinfo",
 ]
 
 

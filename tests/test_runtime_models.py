@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from helpers import models, runtime
+from helpers import models, runtime, settings
 from helpers.runtime import GPU, Machine
 
 
@@ -117,9 +117,9 @@ def test_gpu_profile_on_cpu_machine_is_refused(monkeypatch):
 
 def test_quick(monkeypatch):
     monkeypatch.setenv("LABS_QUICK", "1")
-    assert runtime.quick()
+    assert settings.quick()
     monkeypatch.setenv("LABS_QUICK", "0")
-    assert not runtime.quick()
+    assert not settings.quick()
 
 
 def test_resolve():

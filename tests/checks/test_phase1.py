@@ -12,7 +12,7 @@ from typing import Any
 
 import pandas as pd
 
-from helpers import runtime, sizing
+from helpers import runtime, settings, sizing
 from tests.checks.harness import (Doctor, SMOLLM2, check_cell, checks_for, lab, make_cpu_log, make_records,
                                   make_run, make_startup, set_value)
 
@@ -221,7 +221,7 @@ def lab_04(tmp: Path) -> dict[str, Any]:
               "tiny-swa": (199728, 48.76, 1024, 5)}  # tokens, concurrency, num_blocks, blocks the probe held
     results = []
     for name in designs_served:
-        tiny = json.loads((runtime.data_dir() / "tiny" / f"{name}.json").read_text())
+        tiny = json.loads((settings.data_dir() / "tiny" / f"{name}.json").read_text())
         cfg = sizing.load_config(tiny, name=name, dtype="float32")
         pred = sizing.vllm_kv_capacity(cfg, TINY_KV_BYTES_04, 128, 4096, max_num_batched_tokens=2048,
                                        concurrent_batches=1)
