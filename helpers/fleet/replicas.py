@@ -26,7 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Sequence
 
 from .. import procs
-from ..runtime import Machine, Profile, WorkerMemory, detect
+from ..runtime import Machine, Profile, detect
 from ..server import Server, TooManyServers
 from ..server import start as start_server
 
@@ -116,9 +116,7 @@ def replica_overrides(profile: Profile, n: int, machine: Machine | None = None) 
     machine = machine or detect()
     out: dict[str, Any] = {"enable_scale_out": True}
     if profile.device != "cpu" and len(machine.gpus) < n:
-        util = profile.engine_args.get("gpu_memory_utilization", 0.9)
-        util = util.share() if isinstance(util, WorkerMemory) else float(util)
-        out["gpu_memory_utilization"] = round(util / n, 3)
+        out["gpu_memory_utilization"] = round(profile.utilization / n, 3)
     return out
 
 
