@@ -51,11 +51,9 @@ def serving(base_url: str | None = None, model: str | None = None, tokenizer: st
 
 def first_model(base_url: str) -> str:
     """The first model a server lists at ``/v1/models``."""
-    import httpx
+    from helpers.endpoint import Endpoint
 
-    r = httpx.get(base_url.rstrip("/") + "/models", timeout=10.0)
-    r.raise_for_status()
-    return r.json()["data"][0]["id"]
+    return Endpoint(base_url).models()[0]["id"]
 
 
 def warm_up(target: Target, n: int = 3) -> None:

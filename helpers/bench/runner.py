@@ -35,7 +35,7 @@ from typing import Any, Callable
 import httpx
 
 from .. import provenance, settings
-from ..endpoint import auth_headers
+from ..endpoint import Endpoint
 from ..metrics import ServerView
 from ..progress import Bar as ProgressBar
 from .arrivals import Arrivals, Synchronous
@@ -110,9 +110,7 @@ def target_of(server: Any, model: str | None = None, api_key: str | None = None)
                          "(e.g. http://127.0.0.1:8000/v1), or pass the server itself")
     api_key = api_key or getattr(server, "api_key", None)
     try:
-        r = httpx.get(f"{url}/models", headers=auth_headers(api_key), timeout=10.0)
-        r.raise_for_status()
-        cards = r.json().get("data", [])
+        cards = Endpoint(url, api_key).models()
     except (httpx.HTTPError, ValueError) as e:
         raise RuntimeError(f"could not ask {url}/models which model it serves ({e}). Is the server up at that "
                            "address?") from e
