@@ -416,6 +416,9 @@ def _counters_disagree(ns):
             'table["failed"].sum() == 0'),
      Doctor("the per-position counters disagree with the accepted tokens", _counters_disagree,
             '(table["drafts"] > 0).all() and table["counters agree"].all()'),
+     # seen while building the derive cell: such counters stopped the lab with a ValueError before its table
+     Doctor("the counters accepted more tokens than were drafted", _doctor_16(0, draft_tokens=100.0),
+            '(table["drafts"] > 0).all() and table["counters agree"].all()'),
      Doctor("a drafter that never drafted", _doctor_16(2, drafts=0.0, draft_tokens=0.0),
             '(table["drafts"] > 0).all() and table["counters agree"].all()'),
      Doctor("a second drafter (EAGLE-3 on a GPU) slowed copy down", _second_drafter_slower,
@@ -559,7 +562,7 @@ def _ns17(tmp: Path, drafted: str = CONFIGS_17[2]) -> dict[str, Any]:
         commands=commands, provs={n: prov for n in searched}, PROFILE=prof, DEVICE="cpu", PRICE=cost.price("cpu"),
         SLO=p17["slo"], ATTAINMENT=p17["attainment"], INPUT_LEN=128, OUTPUT_LEN=32, PROBE_S=16.0,
         COMPARE_DEVICES=p17["compare_devices"], evals=evals, cost=cost, sizing=sizing, plan=plan, pd=pd, json=json,
-        alt=alt, display=display, Markdown=Markdown, runtime=SimpleNamespace(reports_dir=lambda: tmp / "reports"))
+        alt=alt, display=display, Markdown=Markdown, settings=SimpleNamespace(reports_dir=lambda: tmp / "reports"))
 
 
 def test_lab17_check_passes_when_a_configuration_fails_down_to_its_floor(tmp_path):
