@@ -16,7 +16,7 @@ from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from helpers.fleet import observability as obs
 
 FIXTURES = Path(__file__).parent / "fixtures" / "prometheus"
-SLO = obs.SLO(ttft_p99_ms=500, tpot_p99_ms=50, queue_threshold=4)
+SLO = obs.FleetSLO(ttft_p99_ms=500, tpot_p99_ms=50, queue_threshold=4)
 
 
 # ---------------------------------------------------------------------------------- metric names
@@ -104,7 +104,7 @@ def test_rule_structure():
 
 
 def test_a_target_between_buckets_uses_the_boundary_below():
-    rules = obs.recording_rules(obs.SLO(ttft_p99_ms=300, tpot_p99_ms=50))
+    rules = obs.recording_rules(obs.FleetSLO(ttft_p99_ms=300, tpot_p99_ms=50))
     assert 'le="0.25"' in next(r["expr"] for r in rules if r["record"] == "fleet:ttft_slo_burn_rate:5m")
 
 
@@ -115,7 +115,7 @@ def test_a_target_between_buckets_uses_the_boundary_below():
 ])
 def test_bad_slos_are_refused(kwargs, needle):
     with pytest.raises(ValueError, match=needle):
-        obs.SLO(**kwargs)
+        obs.FleetSLO(**kwargs)
 
 
 # -------------------------------------------------------------------------------------- promtool

@@ -12,7 +12,7 @@ is validated offline, and the same Prometheus rules and dashboard panels run aga
         print(r)
 
     cfg = observability.prometheus_config(["127.0.0.1:8201", "127.0.0.1:8202"], router="127.0.0.1:29001")
-    board = observability.dashboard(observability.SLO(ttft_p99_ms=500, tpot_p99_ms=50))
+    board = observability.dashboard(observability.FleetSLO(ttft_p99_ms=500, tpot_p99_ms=50))
 
 - :mod:`~helpers.fleet.manifests`: :class:`FleetSpec` and the Kubernetes objects it implies (vLLM Deployment and
   Service, the Gateway API Inference Extension's InferencePool and endpoint picker, an HTTPRoute, a KEDA

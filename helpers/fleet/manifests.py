@@ -44,7 +44,7 @@ from ..runtime import PROFILES, Profile
 from ..server.args import engine_cli, normalize
 from ..sizing.config import hub_ids, load_config
 from ..sizing.params import weight_bytes
-from .observability import SLO, rule_groups
+from .observability import FleetSLO, rule_groups
 
 __all__ = [
     "FleetSpec", "Resources", "VLLM_IMAGE", "VLLM_CPU_IMAGE", "GAIE_RELEASE", "EPP_IMAGE", "API_KEY_ENV",
@@ -148,9 +148,9 @@ class FleetSpec:
         self.slo  # validates the targets
 
     @property
-    def slo(self) -> SLO:
+    def slo(self) -> FleetSLO:
         """The SLO record the alerts and the dashboard use."""
-        return SLO(ttft_p99_ms=self.ttft_p99_ms, tpot_p99_ms=self.tpot_p99_ms, queue_threshold=self.queue_threshold)
+        return FleetSLO(ttft_p99_ms=self.ttft_p99_ms, tpot_p99_ms=self.tpot_p99_ms, queue_threshold=self.queue_threshold)
 
     @property
     def tensor_parallel_size(self) -> int:

@@ -4,7 +4,7 @@ One set of PromQL serves four places — the local lab's Prometheus (``rules.yml
 ``PrometheusRule``, the Grafana dashboard and the lab's altair charts — so what a learner sees offline is what a
 cluster would page on::
 
-    slo = observability.SLO(ttft_p99_ms=500, tpot_p99_ms=50, queue_threshold=4)
+    slo = observability.FleetSLO(ttft_p99_ms=500, tpot_p99_ms=50, queue_threshold=4)
     files = observability.write_prometheus("prom/", ["127.0.0.1:8201", "127.0.0.1:8202"],
                                            router="127.0.0.1:29001", slo=slo)
     observability.check_prometheus(files)           # promtool check config / check rules
@@ -40,7 +40,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import yaml
 
 __all__ = [
-    "SLO", "BurnWindow", "SRE_WINDOWS", "Query", "PanelSpec", "PrometheusFiles", "PromtoolResult", "PromtoolMissing",
+    "FleetSLO", "BurnWindow", "SRE_WINDOWS", "Query", "PanelSpec", "PrometheusFiles", "PromtoolResult", "PromtoolMissing",
     "TTFT", "TPOT", "ROUTER_METRICS", "vllm_buckets", "slo_bucket", "le_label", "recording_rules", "alert_rules",
     "rule_groups", "prometheus_config", "write_prometheus", "check_prometheus", "promtool", "metric_names",
     "exported_metric_names", "panels", "dashboard", "dashboard_json", "load_dashboard", "query_range_frame",
@@ -62,7 +62,7 @@ ROUTER_METRICS = frozenset({
 
 # ------------------------------------------------------------------------------------------ records
 @dataclass(frozen=True)
-class SLO:
+class FleetSLO:
     """The fleet's service-level objective: p99 TTFT and p99 TPOT targets, and the queue that triggers scaling.
 
     ``objective`` is the share of requests that must meet the TTFT target (0.99 for a p99 target); its complement
@@ -160,12 +160,12 @@ def le_label(bound: float) -> str:
 
 
 # ------------------------------------------------------------------------------------------- rules
-def _ttft_good_selector(slo: SLO) -> str:
+def _ttft_good_selector(slo: FleetSLO) -> str:
     bound = slo_bucket(slo.ttft_p99_ms / 1000, vllm_buckets("TIME_TO_FIRST_TOKEN_BUCKETS"))
     return f'{TTFT}_bucket{{le="{le_label(bound)}"}}'
 
 
-def _burn_expr(slo: SLO, window: str) -> str:
+def _burn_expr(slo: FleetSLO, window: str) -> str:
     return (f"(1 - sum(rate({_ttft_good_selector(slo)}[{window}])) / sum(rate({TTFT}_count[{window}])))"
             f" / {slo.budget:.6g}")
 
@@ -174,7 +174,7 @@ def _quantile(q: float, metric: str, window: str, by: str = "le") -> str:
     return f"histogram_quantile({q}, sum by ({by}) (rate({metric}_bucket[{window}])))"
 
 
-def recording_rules(slo: SLO, window: str = "30s", burn_windows: Sequence[BurnWindow] = SRE_WINDOWS) -> list[dict]:
+def recording_rules(slo: FleetSLO, window: str = "30s", burn_windows: Sequence[BurnWindow] = SRE_WINDOWS) -> list[dict]:
     """Recording rules: fleet queue and running sums, TTFT p50/p99 and TPOT p99 over ``window``, prefix-cache hit
     rate, KV-cache usage, and the TTFT burn rate over every window the alerts use.
 
@@ -195,7 +195,7 @@ def recording_rules(slo: SLO, window: str = "30s", burn_windows: Sequence[BurnWi
     return rules
 
 
-def alert_rules(slo: SLO, window: str = "30s", burn_windows: Sequence[BurnWindow] = SRE_WINDOWS,
+def alert_rules(slo: FleetSLO, window: str = "30s", burn_windows: Sequence[BurnWindow] = SRE_WINDOWS,
                 queue_for: str = "1m", kv_full: float = 0.95, kv_for: str = "2m",
                 preemption_for: str = "5m", tpot_for: str = "5m") -> list[dict]:
     """SLO alerts: TTFT budget burn (multi-window), a queue building on a replica, a KV cache nearly full,
@@ -237,7 +237,7 @@ def alert_rules(slo: SLO, window: str = "30s", burn_windows: Sequence[BurnWindow
     return alerts
 
 
-def rule_groups(slo: SLO, window: str = "30s", burn_windows: Sequence[BurnWindow] = SRE_WINDOWS,
+def rule_groups(slo: FleetSLO, window: str = "30s", burn_windows: Sequence[BurnWindow] = SRE_WINDOWS,
                 **alert_kwargs: Any) -> list[dict]:
     """Prometheus rule groups (recording, then alerts): the body of ``rules.yml`` and of a ``PrometheusRule``.
 
@@ -285,7 +285,7 @@ def prometheus_config(replicas: Sequence[str], router: str | None = None, interv
             "rule_files": list(rule_files), "scrape_configs": jobs}
 
 
-def write_prometheus(folder: str | Path, replicas: Sequence[str], router: str | None, slo: SLO,
+def write_prometheus(folder: str | Path, replicas: Sequence[str], router: str | None, slo: FleetSLO,
                      interval: str = "1s", window: str = "30s",
                      burn_windows: Sequence[BurnWindow] = SRE_WINDOWS, **alert_kwargs: Any) -> PrometheusFiles:
     """Write ``prometheus.yml`` and ``rules.yml`` into ``folder``.
@@ -433,7 +433,7 @@ class PanelSpec:
     description: str = ""
 
 
-def panels(slo: SLO, window: str = "30s", rate_window: str = "1m",
+def panels(slo: FleetSLO, window: str = "30s", rate_window: str = "1m",
            burn_windows: Sequence[BurnWindow] = SRE_WINDOWS) -> list[PanelSpec]:
     """The SLO dashboard's panels. Every query reads raw vLLM or vllm-router metrics (no recording rule), so it
     works on any Prometheus that scrapes the fleet.
@@ -467,7 +467,7 @@ def panels(slo: SLO, window: str = "30s", rate_window: str = "1m",
     ]
 
 
-def dashboard(slo: SLO, title: str = "vLLM fleet SLOs", uid: str = "vllm-fleet-slo", refresh: str = "5s",
+def dashboard(slo: FleetSLO, title: str = "vLLM fleet SLOs", uid: str = "vllm-fleet-slo", refresh: str = "5s",
               **panel_kwargs: Any) -> Any:
     """The SLO dashboard as a typed ``grafana_foundation_sdk`` model (two panels per row, 8 units high).
 

@@ -34,7 +34,7 @@ __all__ = [
     "kv_bytes_per_token",
     "kv_bytes_for_context",
     "KVGroup",
-    "Capacity",
+    "KVCapacity",
     "CacheTooSmall",
     "vllm_kv_capacity",
     "kv_cache_tokens",
@@ -121,7 +121,7 @@ class KVGroup:
 
 
 @dataclass(frozen=True)
-class Capacity:
+class KVCapacity:
     """vLLM's KV cache capacity, as its startup log states it, with the working shown.
 
     ``page_bytes``: one layer's page (``block_size`` tokens); ``bytes_per_block``: one pool block
@@ -216,7 +216,7 @@ def vllm_kv_capacity(
     max_num_batched_tokens: int = 2048,
     concurrent_batches: int = 1,
     check: bool = True,
-) -> Capacity:
+) -> KVCapacity:
     """vLLM's KV cache blocks, tokens and maximum concurrency, exactly as its startup log reports them.
 
     ``kv_cache_bytes`` is the memory for the cache on ONE worker (``--kv-cache-memory-bytes``, or what
@@ -268,7 +268,7 @@ def vllm_kv_capacity(
             "Give the KV cache more memory (--kv-cache-memory-bytes, --gpu-memory-utilization) or lower max_model_len.",
             need, available, fits)
     concurrency = num_blocks / per_request
-    return Capacity(num_blocks=num_blocks, kv_cache_tokens=int(concurrency * max_model_len),
+    return KVCapacity(num_blocks=num_blocks, kv_cache_tokens=int(concurrency * max_model_len),
                     max_concurrency=concurrency, max_model_len=max_model_len, block_size=block_size,
                     page_bytes=page, bytes_per_block=bytes_per_block, blocks_per_request=per_request,
                     groups=groups, kv_cache_bytes=int(kv_cache_bytes))
