@@ -131,6 +131,7 @@ LEAVES = {
     "helpers.runtime": {"helpers.settings"},
     "helpers.models": {"helpers.settings"},
     "helpers.bench.records": set(),
+    "helpers.dependency_tree": set(),
 }
 
 

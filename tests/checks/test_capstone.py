@@ -5,9 +5,7 @@ measurements (how they are run: tests/checks/harness.py).
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pandas as pd
@@ -44,27 +42,20 @@ def _cmp24(ns, row: str, column: str, value: Any) -> None:
             'f["TTFT p50 (ms)"] < b["TTFT p50 (ms)"]'),
      Doctor("only the single stream met the SLO", lambda ns: ns["design"].__setitem__("meets SLO", [True, False]),
             'design[design["concurrency"] > 1]["meets SLO"].any()'),
-     Doctor("replicas not from the measured capacity", lambda ns: ns["best"].__setitem__("replicas for the peak", 3),
-            'best["replicas for the peak"]'),
      Doctor("the report lost a step", lambda ns: ns["data"]["steps"].pop(3), 'data["steps"]'),
      Doctor("the report has no finding before the fix", lambda ns: ns["data"]["doctor_before"].update(findings=[]),
             'data["steps"]'),
-     Doctor("a misconception lost its reversal", lambda ns: ns.__setitem__("misconceptions", ns["misconceptions"][:7]),
-            'len(misconceptions) == 8'),
-     Doctor("a reversal left as a stub", lambda ns: set_value(ns["misconceptions"], 3, "reversal", "TODO"),
-            'len(misconceptions) == 8'),
+     Doctor("more in flight raised p99 TPOT more than it raised the tokens",
+            lambda ns: set_value(ns["design"], 1, "output tok/s", 12.0), 'misconceptions.loc[misconceptions["source"]'),
+     Doctor("four in flight finished fewer requests per second than one",
+            lambda ns: set_value(ns["design"], 1, "req/s", 0.30), 'misconceptions.loc[misconceptions["source"]'),
      Doctor("the weights streamed faster than memory can (TPOT misread in seconds as ms)",
             lambda ns: ns.__setitem__("bw_used", 538e6 / 0.0512e-3), "0 < bw_used <= bw_ceiling"),
-     Doctor("more TP predicted to raise tokens per GPU",
-            lambda ns: set_value(ns["tp_pred"], 2, "tok/s per GPU", 900.0), 'tp_pred["tok/s per GPU"]'),
-     Doctor("TP 8 predicted no faster a step than TP 2",
-            lambda ns: set_value(ns["tp_pred"], 2, "step (ms)", 30.0), 'tp_pred["tok/s per GPU"]'),
      )
 def lab_24(tmp: Path) -> dict[str, Any]:
     # Lab 24's run on the cpu profile (quick plan: 256 shared + 64 unique -> 32, 6 in flight for the doctor, 12
     # requests; a 1,152-token planted pool), on a 2-core machine shared with other labs' servers (hence the seconds):
-    # under the faults 2 ran and 4 waited at 75% KV usage; after the fix the prefix hit 0.733. The SLO is this run's:
-    # the brief's headroom (5.5x TTFT, 1.8x TPOT) over the single stream (628 ms, 76.9 ms).
+    # under the faults 2 ran and 4 waited at 75% KV usage; after the fix the prefix hit 0.733. The SLO is the plan's.
     compare = pd.DataFrame([
         {"deployment": "planted faults", "TTFT p50 (ms)": 65322.888, "TTFT p99 (ms)": 101068.962,
          "TPOT p99 (ms)": 1735.936, "queue mean (ms)": 48348.603, "waiting max": 4.0, "KV usage max": 0.75,
@@ -81,23 +72,21 @@ def lab_24(tmp: Path) -> dict[str, Any]:
          "failed": 0}])
     slo = plan.lab("24", "cpu", quick=True)["slo"]  # set before the run, as the lab takes it
     design["meets SLO"] = (design["TTFT p99 (ms)"] <= slo["ttft_p99_ms"]) & (design["TPOT p99 (ms)"] <= slo["tpot_p99_ms"])
-    here = SimpleNamespace(peak_rps=40.0)
-    best = pd.Series({"best concurrency": 4, "req/s per replica": 0.958145, "replicas for the peak": 55,
-                      "USD per M output tokens": 0.905975})
     data = {"steps": [{"step": f"{i} x"} for i in range(1, 10)],
             "doctor_before": {"findings": [{"check": c} for c in ("ttft.queue", "ttft.prefix_cache", "memory.kv")]}}
-    # the misconceptions: SmolLM2-135M's fp32 weights (538 MB) read once per decode step of 51.2 ms at concurrency 1,
-    # against the cpu profile's measured 16.8 GB/s; the TP rows are the lab's roofline + NVLink formula's
-    misconceptions = pd.DataFrame([{"misconception": f"m{i}", "source": "measured here",
-                                    "reversal": f"reversal {i} with the numbers of this run, long enough to say why"}
-                                   for i in range(8)])
+    # the misconceptions (the lab's derive cell builds them): SmolLM2-135M's fp32 weights (538 MB) read once per decode
+    # step of 51.2 ms at concurrency 1, against the cpu profile's measured 16.8 GB/s; the rows the lab predicts
+    # (compute, more GPUs) read the fit table and the TP formula's steps; labs 15 and 17 not run here
+    fit = pd.DataFrame([{"card": "h100", "weights": "bf16", "KV": "auto", "TP": 4, "bound": "memory"},
+                        {"card": "h100", "weights": "fp8", "KV": "auto", "TP": 2, "bound": "memory"}])
     tp_pred = pd.DataFrame([{"TP": 2, "step (ms)": 26.28, "tok/s per GPU": 304.4},   # the 70B FP8 design at batch 16
                             {"TP": 4, "step (ms)": 17.23, "tok/s per GPU": 232.1},   # (the lab's formula, computed)
                             {"TP": 8, "step (ms)": 17.51, "tok/s per GPU": 114.2}]).set_index("TP")
     return dict(compare=compare, PLANTED=dict(_PLANTED_24), found_before={"ttft.queue", "ttft.prefix_cache", "memory.kv"},
-                found_after=set(), predicted_hit=predicted_hit, design=design, best=best, HERE=here, SAFETY=1.3,
-                data=data, math=math, misconceptions=misconceptions, bw_used=538e6 / 0.0512, bw_ceiling=16.8e9,
-                tp_pred=tp_pred)
+                found_after=set(), predicted_hit=predicted_hit, design=design, data=data, fit=fit,
+                bw_used=538e6 / 0.0512, bw_ceiling=16.8e9, tp_pred=tp_pred,
+                q_first=None, q_base=None, spec_rows=[], base_row=None, pd=pd,
+                not_run="not measured on this device yet: run lab {} (its saved measurement is read here)")
 
 
 test_check_passes, test_doctored_measurement_fails, test_doctors_cover_every_assert = checks_for('capstone')
