@@ -193,9 +193,14 @@ def chart(evidence: dict[str, Evidence], highlight: str | None = None) -> alt.La
     Introduced in lab 24 (Putting It All Together).
     """
     nodes = table(evidence)
-    nodes["x"] = nodes.groupby("level").cumcount()
-    width = nodes.groupby("level")["x"].transform("max").clip(lower=1)
-    nodes["x"] = (nodes["x"] + 0.5) / (width + 1)
+    # a layered layout: each level ordered by where its parents sit (fewer crossings), spread evenly across
+    x: dict[str, float] = {}
+    for level in sorted(nodes["level"].unique()):
+        keys = [n.key for n in NODES if n.level == level]
+        keys.sort(key=lambda k: sum(x[p] for p in node(k).parents) / len(node(k).parents) if node(k).parents else 0)
+        x.update({k: (i + 0.5) / len(keys) for i, k in enumerate(keys)})
+    nodes["x"] = nodes["key"].map(x)
+    nodes = nodes.sort_values(["level", "x"]).reset_index(drop=True)
     pos = nodes.set_index("key")[["x", "level"]]
     on_path = set(path_to_root(highlight)) if highlight else set()
     lit = {k for e in on_path for k in e} | ({highlight} if highlight else set())
@@ -206,17 +211,17 @@ def chart(evidence: dict[str, Evidence], highlight: str | None = None) -> alt.La
     # labels above and below their dots in turn, so neighbours on a crowded level do not overlap
     nodes["label at"] = nodes["level"] + nodes.groupby("level").cumcount().mod(2).map({0: -0.28, 1: 0.3})
     scale = alt.Scale(domain=list(STATUSES), range=["#1b9e77", "#7570b3", "#d95f02", "#bbbbbb"])
-    x = alt.X("x:Q", axis=None, scale=alt.Scale(domain=[0, 1]))
+    xs = alt.X("x:Q", axis=None, scale=alt.Scale(domain=[0, 1]))
     y = alt.Y("level:Q", axis=None, scale=alt.Scale(domain=[-0.5, 3.5], reverse=True))
     lines = alt.Chart(edges).mark_line().encode(
-        x=x, y=y, detail="edge:N", strokeWidth=alt.condition("datum['on path']", alt.value(3), alt.value(0.6)),
+        x=xs, y=y, detail="edge:N", strokeWidth=alt.condition("datum['on path']", alt.value(3), alt.value(0.6)),
         color=alt.condition("datum['on path']", alt.value("#333333"), alt.value("#cccccc")))
     dots = alt.Chart(nodes).mark_circle().encode(
-        x=x, y=y, color=alt.Color("status:N", scale=scale, title="the number is"),
+        x=xs, y=y, color=alt.Color("status:N", scale=scale, title="the number is"),
         size=alt.condition("datum['on path']", alt.value(260), alt.value(120)),
         tooltip=["node", "module", "labs", "evidence", "status"])
     labels = alt.Chart(nodes).mark_text(fontSize=9).encode(
-        x=x, y=alt.Y("label at:Q", axis=None, scale=alt.Scale(domain=[-0.5, 3.5], reverse=True)), text="node:N", opacity=alt.condition("datum['on path']", alt.value(1.0), alt.value(0.55)))
+        x=xs, y=alt.Y("label at:Q", axis=None, scale=alt.Scale(domain=[-0.5, 3.5], reverse=True)), text="node:N", opacity=alt.condition("datum['on path']", alt.value(1.0), alt.value(0.55)))
     title = f"the field's dependency tree: {node(highlight).label} traced to its root facts" if highlight else \
         "the field's dependency tree"
-    return (lines + dots + labels).properties(width=760, height=320, title=title)
+    return (lines + dots + labels).properties(width=980, height=360, title=title)
