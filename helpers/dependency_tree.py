@@ -212,7 +212,8 @@ def chart(evidence: dict[str, Evidence], highlight: str | None = None) -> alt.La
     nodes["label at"] = nodes["level"] + nodes.groupby("level").cumcount().mod(2).map({0: -0.28, 1: 0.3})
     scale = alt.Scale(domain=list(STATUSES), range=["#1b9e77", "#7570b3", "#d95f02", "#bbbbbb"])
     xs = alt.X("x:Q", axis=None, scale=alt.Scale(domain=[0, 1]))
-    y = alt.Y("level:Q", axis=None, scale=alt.Scale(domain=[-0.5, 3.5], reverse=True))
+    levels = alt.Scale(domain=[-0.5, 3.5], reverse=True)
+    y = alt.Y("level:Q", axis=None, scale=levels)
     lines = alt.Chart(edges).mark_line().encode(
         x=xs, y=y, detail="edge:N", strokeWidth=alt.condition("datum['on path']", alt.value(3), alt.value(0.6)),
         color=alt.condition("datum['on path']", alt.value("#333333"), alt.value("#cccccc")))
@@ -221,7 +222,8 @@ def chart(evidence: dict[str, Evidence], highlight: str | None = None) -> alt.La
         size=alt.condition("datum['on path']", alt.value(260), alt.value(120)),
         tooltip=["node", "module", "labs", "evidence", "status"])
     labels = alt.Chart(nodes).mark_text(fontSize=9).encode(
-        x=xs, y=alt.Y("label at:Q", axis=None, scale=alt.Scale(domain=[-0.5, 3.5], reverse=True)), text="node:N", opacity=alt.condition("datum['on path']", alt.value(1.0), alt.value(0.55)))
+        x=xs, y=alt.Y("label at:Q", axis=None, scale=levels), text="node:N",
+        opacity=alt.condition("datum['on path']", alt.value(1.0), alt.value(0.55)))
     title = f"the field's dependency tree: {node(highlight).label} traced to its root facts" if highlight else \
         "the field's dependency tree"
     return (lines + dots + labels).properties(width=980, height=360, title=title)
