@@ -79,6 +79,38 @@ class Arrivals:
     def describe(self) -> str:
         return self.name
 
+    def _cap(self) -> str:
+        cap = getattr(self, "max_in_flight", None)
+        return f", at most {cap} in flight" if cap else ""
+
+
+class _OpenLoop(Arrivals):
+    """What the open-loop processes share: the count a duration sends, from the expected cumulative count."""
+
+    open_loop: ClassVar[bool] = True
+
+    def cumulative(self, t: float) -> float:
+        """Expected requests sent by time ``t`` (the integral of the rate)."""
+        raise NotImplementedError
+
+    def count_for(self, duration_s: float) -> int:
+        return max(1, int(round(self.cumulative(duration_s))))
+
+
+class _SteadyRate(_OpenLoop):
+    """An open loop at one ``rate`` (requests/s) throughout; subclasses declare the ``rate`` field."""
+
+    def __post_init__(self) -> None:
+        if not self.rate > 0:  # type: ignore[attr-defined]
+            raise ValueError(f"rate must be > 0 requests/s, got {self.rate}")  # type: ignore[attr-defined]
+
+    def cumulative(self, t: float) -> float:
+        return self.rate * t  # type: ignore[attr-defined]
+
+    @property
+    def peak_rate(self) -> float:
+        return self.rate  # type: ignore[attr-defined]
+
 
 @dataclass(frozen=True)
 class Synchronous(Arrivals):
@@ -113,7 +145,7 @@ class Concurrent(Arrivals):
 
 
 @dataclass(frozen=True)
-class ConstantRate(Arrivals):
+class ConstantRate(_SteadyRate):
     """Open loop: one request every ``1 / rate`` seconds, whatever the server does.
 
     ``max_in_flight`` (optional) caps requests in flight; the wait for it is recorded as client queue time.
@@ -124,29 +156,16 @@ class ConstantRate(Arrivals):
     rate: float = 1.0
     max_in_flight: int | None = None
     name: ClassVar[str] = "constant"
-    open_loop: ClassVar[bool] = True
-
-    def __post_init__(self) -> None:
-        if not self.rate > 0:
-            raise ValueError(f"rate must be > 0 requests/s, got {self.rate}")
 
     def offsets(self, n: int) -> list[float]:
         return [i / self.rate for i in range(n)]
 
-    def count_for(self, duration_s: float) -> int:
-        return max(1, int(round(self.rate * duration_s)))
-
-    @property
-    def peak_rate(self) -> float:
-        return self.rate
-
     def describe(self) -> str:
-        cap = f", at most {self.max_in_flight} in flight" if self.max_in_flight else ""
-        return f"constant {self.rate:g} req/s{cap}"
+        return f"constant {self.rate:g} req/s{self._cap()}"
 
 
 @dataclass(frozen=True)
-class Poisson(Arrivals):
+class Poisson(_SteadyRate):
     """Open loop with exponential gaps of mean ``1 / rate`` (a Poisson process), seeded.
 
     The first request goes at 0; the schedule depends only on ``rate``, ``seed`` and ``n``.
@@ -159,11 +178,6 @@ class Poisson(Arrivals):
     seed: int = 0
     max_in_flight: int | None = None
     name: ClassVar[str] = "poisson"
-    open_loop: ClassVar[bool] = True
-
-    def __post_init__(self) -> None:
-        if not self.rate > 0:
-            raise ValueError(f"rate must be > 0 requests/s, got {self.rate}")
 
     def offsets(self, n: int) -> list[float]:
         if n <= 0:
@@ -171,20 +185,12 @@ class Poisson(Arrivals):
         gaps = np.random.default_rng(self.seed).exponential(1.0 / self.rate, size=n - 1)
         return [0.0] + np.cumsum(gaps).tolist()
 
-    def count_for(self, duration_s: float) -> int:
-        return max(1, int(round(self.rate * duration_s)))
-
-    @property
-    def peak_rate(self) -> float:
-        return self.rate
-
     def describe(self) -> str:
-        cap = f", at most {self.max_in_flight} in flight" if self.max_in_flight else ""
-        return f"poisson {self.rate:g} req/s (seed {self.seed}){cap}"
+        return f"poisson {self.rate:g} req/s (seed {self.seed}){self._cap()}"
 
 
 @dataclass(frozen=True)
-class Ramp(Arrivals):
+class Ramp(_OpenLoop):
     """Open loop, a Poisson process whose rate rises linearly from ``start_rate`` to ``end_rate`` over
     ``duration_s`` seconds (and stays at ``end_rate`` after, if more requests are asked for), seeded.
 
@@ -201,7 +207,6 @@ class Ramp(Arrivals):
     seed: int = 0
     max_in_flight: int | None = None
     name: ClassVar[str] = "ramp"
-    open_loop: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
         if self.start_rate < 0 or not self.end_rate > 0:
@@ -240,21 +245,17 @@ class Ramp(Arrivals):
         unit = np.cumsum(np.random.default_rng(self.seed).exponential(1.0, size=n - 1))
         return [0.0] + self._inverse(unit).tolist()
 
-    def count_for(self, duration_s: float) -> int:
-        return max(1, int(round(self.cumulative(duration_s))))
-
     @property
     def peak_rate(self) -> float:
         return max(self.start_rate, self.end_rate)
 
     def describe(self) -> str:
-        cap = f", at most {self.max_in_flight} in flight" if self.max_in_flight else ""
         return (f"ramp {self.start_rate:g} -> {self.end_rate:g} req/s over {self.duration_s:g} s "
-                f"(seed {self.seed}){cap}")
+                f"(seed {self.seed}){self._cap()}")
 
 
 @dataclass(frozen=True)
-class Steps(Arrivals):
+class Steps(_OpenLoop):
     """Open loop, Poisson within each phase: ``phases`` is ``((duration_s, rate), ...)`` — calm, overload, recovery
     — seeded. After the last phase it stays at the last rate if more requests are asked for.
 
@@ -267,7 +268,6 @@ class Steps(Arrivals):
     seed: int = 0
     max_in_flight: int | None = None
     name: ClassVar[str] = "steps"
-    open_loop: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
         phases = tuple((float(d), float(r)) for d, r in self.phases)
@@ -311,9 +311,6 @@ class Steps(Arrivals):
             return []
         unit = np.cumsum(np.random.default_rng(self.seed).exponential(1.0, size=n))
         return [self._inverse(float(u)) for u in unit]
-
-    def count_for(self, duration_s: float) -> int:
-        return max(1, int(round(self.cumulative(duration_s))))
 
     @property
     def peak_rate(self) -> float:
