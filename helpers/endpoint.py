@@ -19,7 +19,7 @@ from typing import Any
 
 import httpx
 
-__all__ = ["Endpoint", "auth_headers"]
+__all__ = ["Endpoint", "Listener", "auth_headers"]
 
 
 def auth_headers(api_key: str | None) -> dict[str, str]:
@@ -63,3 +63,22 @@ class Endpoint:
             return httpx.get(f"{self.base_url}/models", headers=self.headers, timeout=timeout).status_code == 200
         except httpx.HTTPError:
             return False
+
+
+class Listener:
+    """What serves the OpenAI API at ``host``:``port`` (a server, a router): its root URL and its ``/v1`` base URL,
+    written once. Subclasses set ``host`` and ``port``.
+
+    Introduced in lab 01 (One GPU, One Model).
+    """
+
+    host: str
+    port: int
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def base_url(self) -> str:
+        return f"{self.url}/v1"

@@ -29,7 +29,7 @@ from typing import Any, Sequence
 import httpx
 
 from .. import metrics, procs
-from ..endpoint import Endpoint
+from ..endpoint import Endpoint, Listener
 
 __all__ = ["Router", "router_executable", "POLICIES"]
 
@@ -51,7 +51,7 @@ def router_executable() -> str:
     return found
 
 
-class Router:
+class Router(Listener):
     """A vllm-router process routing OpenAI requests over vLLM workers (or prefill/decode pools with ``pd``).
 
     ``workers`` are server roots (``http://127.0.0.1:PORT``) or servers with ``.url``. ``pd=(prefill_urls,
@@ -78,14 +78,6 @@ class Router:
         self.extra_args, self.ready_timeout = list(extra_args), ready_timeout
         self.proc: procs.Proc | None = None
         self._model = model
-
-    @property
-    def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
-
-    @property
-    def base_url(self) -> str:
-        return f"{self.url}/v1"
 
     @property
     def metrics_url(self) -> str:

@@ -23,7 +23,7 @@ import psutil
 from .. import metrics as _metrics
 from .. import models as _models
 from .. import procs, settings, support
-from ..endpoint import Endpoint
+from ..endpoint import Endpoint, Listener
 from ..progress import Bar as ProgressBar
 from ..runtime import Profile, detect, resolve_engine_args
 from .args import check_engine_args, engine_cli, normalize
@@ -88,7 +88,7 @@ def _tickets_ahead(ticket: Path | None) -> int:
     return ahead
 
 
-class Server:
+class Server(Listener):
     """One vLLM OpenAI-compatible server process, owned by this Python process.
 
     Use :func:`start` to make one. Attributes: ``base_url`` (``http://127.0.0.1:PORT/v1``, what the openai
@@ -194,14 +194,6 @@ class Server:
     @property
     def log_path(self) -> Path | None:
         return self.proc.log_path if self.proc else None
-
-    @property
-    def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
-
-    @property
-    def base_url(self) -> str:
-        return f"{self.url}/v1"
 
     @property
     def model(self) -> str:
