@@ -109,6 +109,14 @@ class _Skip(str):
     pass
 
 
+def _needs_run(check: Callable[[Evidence, Any], Finding | str]) -> Callable[[Evidence], Finding | str]:
+    """A check that reads the run folder: it is skipped, saying so, when the evidence has none."""
+    def wrapped(ev: Evidence) -> Finding | str:
+        return _Skip("needs a run folder (--run)") if ev.run is None else check(ev, ev.run)
+    wrapped.__name__, wrapped.__doc__ = check.__name__, check.__doc__
+    return wrapped
+
+
 # ------------------------------------------------------------------------------------- KV
 def _kv_room_at_peak(ev: Evidence) -> float | None:
     """Tokens the KV cache had free at its fullest (usage maximum x its size), ``None`` if unknown."""
@@ -342,10 +350,8 @@ def check_speculative(ev: Evidence) -> Finding | str:
 
 
 # ------------------------------------------------------------------------------- throughput
-def check_single_request(ev: Evidence) -> Finding | str:
-    run = ev.run
-    if run is None:
-        return _Skip("needs a run folder (--run)")
+@_needs_run
+def check_single_request(ev: Evidence, run: Any) -> Finding | str:
     if not run.one_at_a_time:
         return _Ok(f"{run.arrivals} load, up to {run.running_max} running")
     return Finding("throughput.single_request", "throughput measured low: the benchmark sent one request at a time",
@@ -356,10 +362,8 @@ def check_single_request(ev: Evidence) -> Finding | str:
                     "N = 1, 4, 16 ..., and read the knee (lab 11)"], _lab("10", "11"))
 
 
-def check_client(ev: Evidence) -> Finding | str:
-    run = ev.run
-    if run is None:
-        return _Skip("needs a run folder (--run)")
+@_needs_run
+def check_client(ev: Evidence, run: Any) -> Finding | str:
     if run.valid:
         return _Ok("the client kept up")
     return Finding("throughput.client_bound", "the benchmark's numbers describe the client, not the server",
@@ -369,10 +373,8 @@ def check_client(ev: Evidence) -> Finding | str:
                     "rate; then measure again"], _lab("10"))
 
 
-def check_failures(ev: Evidence) -> Finding | str:
-    run = ev.run
-    if run is None:
-        return _Skip("needs a run folder (--run)")
+@_needs_run
+def check_failures(ev: Evidence, run: Any) -> Finding | str:
     if not run.failed:
         return _Ok(f"all {run.completed} requests completed")
     top = max(run.errors.items(), key=lambda kv: kv[1])[0] if run.errors else "unknown error"
