@@ -18,7 +18,6 @@ cache can skip).
 
 from __future__ import annotations
 
-import json
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,7 +27,7 @@ import numpy as np
 
 from .. import settings
 from .records import Request
-from .workloads import FixedLength, Workload, WorkloadSpec
+from .workloads import FixedLength, Workload, WorkloadSpec, jsonl_lines
 
 __all__ = ["Conversations", "CONVERSATIONS", "read_conversations"]
 
@@ -42,16 +41,8 @@ def read_conversations(path: str | Path = CONVERSATIONS) -> list[dict[str, Any]]
     Introduced in lab 09 (Prefix Caching, Measured).
     """
     p = Path(path).expanduser()
-    if not p.is_file():
-        raise FileNotFoundError(f"conversation file {p} not found (the labs ship {CONVERSATIONS})")
     out, seen = [], set()
-    for lineno, line in enumerate(p.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except ValueError as e:
-            raise ValueError(f"{p}:{lineno} is not valid JSON: {e}") from e
+    for lineno, row in jsonl_lines(p, f"conversation file {p} not found (the labs ship {CONVERSATIONS})"):
         turns = row.get("turns") if isinstance(row, dict) else None
         if not isinstance(turns, list) or not turns or not all(isinstance(t, str) and t.strip() for t in turns):
             raise ValueError(f'{p}:{lineno} needs "turns": a list of non-empty user messages')

@@ -24,12 +24,29 @@ import os
 import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 import numpy as np
 
 from .. import models, settings
 from .records import Request
+
+
+def jsonl_lines(path: Path, missing: str) -> "Iterator[tuple[int, Any]]":
+    """Each non-blank line of the JSONL file ``path`` parsed, with its line number; ``missing``: the message when the
+    file is absent. A line that is not JSON stops it with the file and line named.
+
+    Introduced in lab 02 (Prefill and Decode).
+    """
+    if not path.is_file():
+        raise FileNotFoundError(missing)
+    for lineno, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            yield lineno, json.loads(line)
+        except ValueError as e:
+            raise ValueError(f"{path}:{lineno} is not valid JSON: {e}") from e
 
 if TYPE_CHECKING:  # only for annotations: workloads do not depend on arrivals
     from .arrivals import Arrivals
@@ -380,16 +397,8 @@ class FromJsonl(WorkloadSpec):
 
     def rows(self) -> list[dict[str, Any]]:
         p = Path(self.path).expanduser()
-        if not p.is_file():
-            raise FileNotFoundError(f"prompt file {p} not found (the labs ship {SAMPLE_CHAT})")
         rows = []
-        for lineno, line in enumerate(p.read_text().splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except ValueError as e:
-                raise ValueError(f"{p}:{lineno} is not valid JSON: {e}") from e
+        for lineno, row in jsonl_lines(p, f"prompt file {p} not found (the labs ship {SAMPLE_CHAT})"):
             if not isinstance(row, dict) or ("prompt" in row) == ("messages" in row):
                 raise ValueError(f"{p}:{lineno} needs exactly one of \"prompt\" or \"messages\"")
             if "messages" in row and self.endpoint != "chat":
