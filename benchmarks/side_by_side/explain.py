@@ -118,6 +118,14 @@ DEFINITIONS = {
 }
 
 
+def _cal_pair(rep: dict[str, Any], endpoint: str) -> tuple[dict, dict, dict] | None:
+    """vLLM's and our calibration rows on ``endpoint`` and the calibration server's truth; ``None`` unless both ran."""
+    cal = _cal_rows(rep)
+    if (endpoint, "vllm") not in cal or (endpoint, "ours") not in cal:
+        return None
+    return cal[(endpoint, "vllm")], cal[(endpoint, "ours")], rep["calibration"]["truth"]
+
+
 def _cal_rows(rep: dict[str, Any]) -> dict[tuple[str, str], dict[str, Any]]:
     cal = rep.get("calibration") or {}
     return {(r["endpoint"], r["tool"]): r for r in cal.get("rows", []) if r.get("ok")}
@@ -180,9 +188,9 @@ def _itl(rep: dict[str, Any]) -> str:
              "engine, or with speculative decoding, a chunk carries several tokens: the per-chunk rule then "
              "counts one long gap where k tokens arrived, so its mean ITL exceeds TPOT and its p99 is inflated, "
              "while the per-token rule spreads the gap over the k tokens and keeps mean ITL = TPOT. ")
-    cal = _cal_rows(rep)
-    if ("completions", "vllm") in cal and ("completions", "ours") in cal:
-        cv, co, tr = cal[("completions", "vllm")], cal[("completions", "ours")], rep["calibration"]["truth"]
+    pair = _cal_pair(rep, "completions")
+    if pair:
+        cv, co, tr = pair
         line += (f"Against the calibration server, which sends {rep['calibration']['config']['tokens_per_chunk']} "
                  f"tokens per chunk (truth: {tr['itl_per_token_ms']:g} ms per token, {tr['chunk_gap_ms']:g} ms "
                  f"between chunks), vLLM reports ITL mean {fmt(cv['itl_mean'])} ms and p50 {fmt(cv['itl_p50'])} ms, "
@@ -212,9 +220,9 @@ def _role_chunk(rep: dict[str, Any]) -> str | None:
             "receipt (before prefill) makes a role-counting TTFT near zero, and the extra chunk adds one near-zero "
             "ITL value per request. This run uses `/v1/completions`, which has no role chunk, so all the tools "
             "time the same chunk.")
-    cal = _cal_rows(rep)
-    if ("chat", "vllm") in cal and ("chat", "ours") in cal:
-        cv, co, tr = cal[("chat", "vllm")], cal[("chat", "ours")], rep["calibration"]["truth"]
+    pair = _cal_pair(rep, "chat")
+    if pair:
+        cv, co, tr = pair
         line += (f" The calibration server does send its role chunk at once: there vLLM's chat TTFT is "
                  f"{fmt(cv['ttft_mean'])} ms and ours {fmt(co['ttft_mean'])} ms, against a true {tr['ttft_ms']:g} ms; "
                  f"vLLM's chat TPOT becomes {fmt(cv['tpot_mean'])} ms against a true {tr['tpot_ms']:g} (the wait for "
