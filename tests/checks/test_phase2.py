@@ -13,64 +13,107 @@ from typing import Any, Callable
 
 import pandas as pd
 
-from helpers import bench, sizing
+from helpers import bench, plan, sizing
+from helpers.metrics import ServerView
 from helpers.bench.stats import Window
 from helpers.bench.store import RunFolder, RunResult
 from tests.checks.harness import (CPU_DESCRIPTION, Doctor, checks_for, lab, make_dist, make_records, make_run,
-                                  make_startup, set_value)
+                                  make_startup, make_summary, set_value)
 
 
 # ================================================================================================== lab 06
-def _lab06_waste(lengths: list[int], block_sizes: list[int], max_model_len: int) -> pd.DataFrame:
-    rows = [{"scheme": f"pre-allocate max_model_len ({max_model_len:,})",
-             "reserved tokens": len(lengths) * max_model_len}]
-    rows += [{"scheme": f"blocks of {b}", "reserved tokens": sum(math.ceil(n / b) * b for n in lengths)}
-             for b in block_sizes]
-    df = pd.DataFrame(rows)
-    df["used tokens"] = sum(lengths)
-    df["wasted"] = 1 - df["used tokens"] / df["reserved tokens"]
-    return df
-
-
 # 52 request lengths in the range of the repo's sample chat prompts (63-207 tokens with template and output)
 LENGTHS_06 = [63 + (37 * i) % 145 for i in range(52)]
+PARAMS_06 = ("LOAD_INPUT", "LOAD_OUTPUT", "OVERLOAD", "SMALL_KV_BYTES", "BLOCK_SIZES", "PARALLEL_N")
+L4_START_06 = "INFO 12-01 02:10:00 [core.py:133] Initializing a V1 LLM engine (v0.32.0) with config: " \
+    "model='NousResearch/Meta-Llama-3.1-8B-Instruct', dtype=torch.bfloat16, max_seq_len={max_model_len}, device_config=cuda"
 
 
-def _load_blocks(ns) -> int:
-    return int(ns["table"]["load blocks"].iloc[0])
+def _l4_startup06(kv_gib: float, num_blocks: int, max_model_len: int = 16384, block_size: int = 16):
+    """A startup of lab 06's l4 server as vLLM logs it: the pool in GiB (two decimals), its tokens, its blocks."""
+    return make_startup(
+        L4_START_06.format(max_model_len=max_model_len),
+        "INFO 12-01 02:10:40 [gpu_model_runner.py:4879] Model loading took 14.99 GiB memory and 31.65 seconds",
+        f"INFO 12-01 02:11:02 [gpu_worker.py:391] Available KV cache memory: {kv_gib:.2f} GiB",
+        f"INFO 12-01 02:11:02 [kv_cache_utils.py:2327] GPU KV cache size: {num_blocks * block_size:,} tokens",
+        f"INFO 12-01 02:11:02 [kv_cache_utils.py:2331] Maximum concurrency for {max_model_len:,} tokens per request: "
+        f"{num_blocks * block_size / max_model_len:.2f}x",
+        block_size=block_size, num_blocks=num_blocks)
+
+
+def _gauges06(usage_peak: float, waiting_peak: int) -> pd.DataFrame:
+    """A server's sampled gauges under the load (vllm: prefix dropped, as the lab's overload() keeps them)."""
+    return pd.DataFrame({"t": [0.0, 0.2, 0.4], "kv_cache_usage_perc": [0.0, usage_peak / 2, usage_peak],
+                         "num_requests_running": [0, 8, 8], "num_requests_waiting": [0, waiting_peak, 0]})
+
+
+def _measured06(ns, server: int):
+    return ns["measured"][server]
+
+
+def _peak_blocks06(ns, blocks: int) -> None:
+    """Doctor the big server's gauges: its KV usage peaked at ``blocks`` blocks (vLLM divides by num_blocks - 1)."""
+    big = ns["big"]
+    _measured06(ns, 0)["gauges"] = _gauges06(blocks / (big.num_blocks - 1), 0)
+
+
+def _load_blocks06(ns) -> int:
+    # the lab's load: OVERLOAD x the small cache's predicted blocks, in requests of LOAD_INPUT + LOAD_OUTPUT tokens
+    cap = sizing.vllm_kv_capacity(ns["cfg"], ns["SMALL_KV_BYTES"], ns["big"].block_size, ns["big"].max_model_len)
+    each = math.ceil((ns["LOAD_INPUT"] + ns["LOAD_OUTPUT"]) / ns["big"].block_size)
+    return math.ceil(ns["OVERLOAD"] * cap.num_blocks / each) * each
+
+
+def _doctor_small06(blocks_delta: int = 0, tokens_delta: int = 0):
+    """The small server's startup: ``blocks_delta`` blocks and ``tokens_delta`` tokens off what it logged."""
+    def apply(ns):
+        st = _measured06(ns, 1)["startup"]
+        st.num_blocks += blocks_delta
+        st.kv_cache_tokens += tokens_delta
+    return apply
+
+
+def _doctor_lengths06(ns) -> None:
+    # every request one token into a new block: 15 of 16 tokens wasted each, not ~half a block
+    ns["lengths"] = [(n // 16) * 16 + 1 for n in ns["lengths"]]
+
+
+def _doctor_big_pool06(ns) -> None:
+    # the memory knob left 2.40 GiB (1,228 blocks, consistent with the log) for a load of 1,248 blocks
+    big = _l4_startup06(2.40, 1228)
+    ns["big"] = big
+    _measured06(ns, 0)["startup"] = big
+
+
+def _doctor_small_waits06(ns) -> None:
+    m = _measured06(ns, 1)
+    m["preemptions"] = 0
+    m["gauges"]["num_requests_waiting"] = 0
 
 
 @lab("06",
+     # block_size and max_model_len are the server's (its startup log): the raw inputs of the lab's waste tables
      Doctor("blocks wasted as much as pre-allocation (one block as long as max_model_len)",
-            lambda ns: ns.update(waste_default=_lab06_waste(LENGTHS_06, [256], 256)),
+            lambda ns: (setattr(ns["big"], "block_size", 256), setattr(ns["big"], "max_model_len", 256)),
             'waste_default["wasted"].iloc[0] > 0.5'),
-     Doctor("blocks wasted more than half a block per request",
-            lambda ns: set_value(ns["waste_default"], 1, "reserved tokens",
-                            ns["waste_default"]["reserved tokens"].iloc[1] + 52 * 8), "abs(per_request"),
-     Doctor("pre-allocating just 256 tokens wastes under half",
-            lambda ns: ns.update(waste_default=_lab06_waste(LENGTHS_06, [16], 256)),
+     Doctor("blocks wasted more than half a block per request", _doctor_lengths06, "abs(per_request"),
+     Doctor("pre-allocating just 256 tokens wastes under half", lambda ns: setattr(ns["big"], "max_model_len", 256),
             'waste_default["wasted"].iloc[0] > 0.5'),
      Doctor("big server made more blocks than its logged pool allows",
             lambda ns: setattr(ns["big"], "num_blocks", 2350), "big_range[0] <= big.num_blocks"),
-     Doctor("small server's line a block off the prediction",
-            lambda ns: set_value(ns["table"], 1, "vLLM tokens", ns["small_pred"].kv_cache_tokens - 16), 'sm["vLLM tokens"]'),
-     Doctor("small server made a block more than predicted",
-            lambda ns: set_value(ns["table"], 1, "blocks", ns["small_pred"].num_blocks + 1), 'sm["vLLM tokens"]'),
-     Doctor("a request failed", lambda ns: set_value(ns["table"], 1, "failed", 1), 'table["failed"].sum() == 0'),
-     Doctor("the big cache cannot hold the load", lambda ns: set_value(ns["table"], 0, "blocks", _load_blocks(ns) - 1),
-            'bg["load blocks"] <= bg["blocks"]'),
-     Doctor("big cache peaked 5 blocks under the load",
-            lambda ns: set_value(ns["table"], 0, "peak blocks used", _load_blocks(ns) - 5),
+     Doctor("small server's line a block off the prediction", _doctor_small06(tokens_delta=-16), 'sm["vLLM tokens"]'),
+     Doctor("small server made a block more than predicted", _doctor_small06(blocks_delta=1), 'sm["vLLM tokens"]'),
+     Doctor("a request failed", lambda ns: setattr(_measured06(ns, 1)["run"].summary, "failed", 1),
+            'table["failed"].sum() == 0'),
+     Doctor("the big cache cannot hold the load", _doctor_big_pool06, 'bg["load blocks"] <= bg["blocks"]'),
+     Doctor("big cache peaked 5 blocks under the load", lambda ns: _peak_blocks06(ns, _load_blocks06(ns) - 5),
             'bg["load blocks"] - 2 <= bg["peak blocks used"]'),
-     Doctor("big cache peaked above the load",
-            lambda ns: set_value(ns["table"], 0, "peak blocks used", _load_blocks(ns) + 1),
+     Doctor("big cache peaked above the load", lambda ns: _peak_blocks06(ns, _load_blocks06(ns) + 1),
             'bg["load blocks"] - 2 <= bg["peak blocks used"]'),
-     Doctor("small cache never filled (80%)", lambda ns: set_value(ns["table"], 1, "peak usage", 0.8),
+     Doctor("small cache never filled (80%)", lambda ns: _measured06(ns, 1).update(gauges=_gauges06(0.8, 3)),
             'sm["peak usage"] > 0.9'),
-     Doctor("small cache neither preempted nor queued",
-            lambda ns: (set_value(ns["table"], 1, "preemptions", 0), set_value(ns["table"], 1, "max waiting", 0)),
-            'sm["peak usage"] > 0.9'),
-     Doctor("big cache preempted", lambda ns: set_value(ns["table"], 0, "preemptions", 1), 'bg["preemptions"] == 0'),
+     Doctor("small cache neither preempted nor queued", _doctor_small_waits06, 'sm["peak usage"] > 0.9'),
+     Doctor("big cache preempted", lambda ns: _measured06(ns, 0).update(preemptions=1), 'bg["preemptions"] == 0'),
      Doctor("fan-out returned 3 samples", lambda ns: ns.update(n_choices=3), "n_choices == PARALLEL_N"),
      Doctor("cached prompt shared nothing", lambda ns: ns.update(shared_measured=20),
             "shared_measured == shared_pred"),
@@ -82,219 +125,293 @@ def _load_blocks(ns) -> int:
 def lab_06(tmp: Path) -> dict[str, Any]:
     # Lab 06 on a GPU profile (l4: Llama-3.1-8B in bf16, 16-token blocks, max_model_len 16,384). On the cpu profile
     # (128-token blocks) the block waste of the sample prompts is 33%, and the check's "< 25%" fails: see the report.
-    big = make_startup(
-        "INFO 12-01 02:10:00 [core.py:133] Initializing a V1 LLM engine (v0.32.0) with config: "
-        "model='NousResearch/Meta-Llama-3.1-8B-Instruct', dtype=torch.bfloat16, max_seq_len=16384, device_config=cuda",
-        "INFO 12-01 02:10:40 [gpu_model_runner.py:4879] Model loading took 14.99 GiB memory and 31.65 seconds",
-        "INFO 12-01 02:11:02 [gpu_worker.py:391] Available KV cache memory: 4.58 GiB",
-        "INFO 12-01 02:11:02 [kv_cache_utils.py:2327] GPU KV cache size: 37,504 tokens",
-        "INFO 12-01 02:11:02 [kv_cache_utils.py:2331] Maximum concurrency for 16,384 tokens per request: 2.29x",
-        block_size=16, num_blocks=2344)
+    # Raw: the request lengths, both servers' startups, their runs, sampled gauges and preemption counts, the fan-out's
+    # measured peaks; the lab's derive cells compute the waste tables, the capacities, the load and the table.
+    big = _l4_startup06(4.58, 2344)
     cfg = sizing.load_config("llama-3.1-8b", dtype=big.dtype)
-    per_token = sizing.kv_bytes_per_token(cfg)
-    small_kv_bytes, parallel_n = 2469606195, 4  # the l4 plan's
-    small_pred = sizing.vllm_kv_capacity(cfg, small_kv_bytes, big.block_size, big.max_model_len)
-    lo, hi = big.kv_gib_interval()
-    big_range = [sizing.vllm_kv_capacity(cfg, b, big.block_size, big.max_model_len, check=False).num_blocks
-                 for b in (lo, hi)]
-    blocks_each = math.ceil((384 + 384) / big.block_size)
-    n = math.ceil(1.05 * small_pred.num_blocks / blocks_each)
-    table = pd.DataFrame([
-        {"server": "big (memory knob)", "KV bytes": big.num_blocks * 16 * per_token, "blocks": big.num_blocks,
-         "vLLM tokens": big.kv_cache_tokens, "vLLM concurrency": big.max_concurrency, "load blocks": n * blocks_each,
-         "peak blocks used": n * blocks_each - 1, "peak usage": (n * blocks_each - 1) / (big.num_blocks - 1),
-         "max waiting": 0, "preemptions": 0, "TTFT p99 (ms)": 2950.0, "E2E p50 (s)": 12.1, "failed": 0},
-        {"server": "small (set exactly)", "KV bytes": small_pred.num_blocks * 16 * per_token,
-         "blocks": small_pred.num_blocks, "vLLM tokens": small_pred.kv_cache_tokens,
-         "vLLM concurrency": round(small_pred.max_concurrency, 2), "load blocks": n * blocks_each,
-         "peak blocks used": small_pred.num_blocks, "peak usage": 1.0, "max waiting": 3, "preemptions": 4,
-         "TTFT p99 (ms)": 8120.0, "E2E p50 (s)": 15.7, "failed": 0}])
-    P, O = 4 * 16 + 8, 16
-    shared_pred = P // 16 + parallel_n * math.ceil((P % 16 + O) / 16)
-    unshared_pred = parallel_n * math.ceil((P + O) / 16)
-    return dict(table=table, lengths=LENGTHS_06, waste_default=_lab06_waste(LENGTHS_06, [big.block_size], big.max_model_len),
-                big_range=big_range, big=big, small_pred=small_pred, n_choices=parallel_n, PARALLEL_N=parallel_n,
-                shared_measured=shared_pred, shared_pred=shared_pred, unshared_measured=unshared_pred,
-                unshared_pred=unshared_pred)
+    small = _l4_startup06(2.30, 1177)   # what vLLM made of the exact pool: 1,177 blocks, 18,832 tokens
+    ns = dict(big=big, cfg=cfg, per_token=sizing.kv_bytes_per_token(cfg), sizing=sizing, math=math, pd=pd,
+              lengths=list(LENGTHS_06), **{k: None for k in PARAMS_06})
+    plan.lab("06", "l4", quick=True).fill(ns, *PARAMS_06)   # the l4 plan's load, small pool, block sizes, n
+    load = _load_blocks06(ns)   # 39 requests of 32 blocks: 1,248
+    ns["measured"] = [
+        {"server": "big (memory knob)", "startup": big, "gauges": _gauges06((load - 1) / (big.num_blocks - 1), 0),
+         "run": make_run(completed=39, ttft_ms=make_dist(39, p99=2950.0), e2e_ms=make_dist(39, p50=12100.0)),
+         "preemptions": 0},
+        {"server": "small (set exactly)", "startup": small, "gauges": _gauges06(1.0, 3),
+         "run": make_run(completed=39, ttft_ms=make_dist(39, p99=8120.0), e2e_ms=make_dist(39, p50=15700.0)),
+         "preemptions": 4}]
+    # the fan-out's measured peaks: as predicted (P = 72, O = 16, n = 4: 4 + 4 x 2 = 12 shared, 4 x 6 = 24 unshared)
+    ns.update(n_choices=ns["PARALLEL_N"], shared_measured=12, unshared_measured=24)
+    return ns
 
 
 # ================================================================================================== lab 07
-def _lab07_throughput_at_16(ns, tok_s: float) -> None:
-    table = ns["table"]
-    set_value(table, 2, "output tok/s", tok_s)
-    table["throughput vs C=1"] = table["output tok/s"] / table["output tok/s"].iloc[0]
+PARAMS_07 = ("CONCURRENCIES", "INPUT_LEN", "OUTPUT_LEN", "TIMELINE_S", "STATIC_BATCH", "STATIC_BATCHES", "LONG_REPLY",
+             "SHORT_REPLY", "MAX_NUM_SEQS", "CAPPED_CONCURRENCY")
+#: what lab 07's derive cell predicts from the sweep below (static / continuous throughput, step-priced): 0.554
+PREDICTED_RATIO_07 = 0.5536
+
+
+def _requests07(outputs: list[int], starts: list[float], tpot_ms: float = 300.0) -> list:
+    """Completed requests of ``outputs[i]`` tokens dispatched at ``starts[i]`` (seconds)."""
+    out = []
+    for i, (n, t0) in enumerate(zip(outputs, starts)):
+        (r,) = make_records(1, rate=1.0, ttft_ms=500.0, tpot_ms=tpot_ms, output_tokens=n, t0=t0)
+        r.id = f"r{i}"
+        out.append(r)
+    return out
+
+
+def _sweep07(c: int, tok_s: float, req_s: float, tpot: float, itl: float, ttft50: float, ttft99: float,
+             queue_ms: float | None = None, prefill_ms: float | None = None, ttft_mean: float | None = None,
+             waiting: float = 0.0) -> RunResult:
+    """One concurrency's run: its summary and what /metrics said about it."""
+    view = ServerView(num_requests_running_max=float(c), num_requests_waiting_max=waiting, queue_mean_ms=queue_ms,
+                      prefill_mean_ms=prefill_ms)
+    return make_run(completed=max(2 * c, 4), output_throughput=tok_s, request_throughput=req_s,
+                    tpot_ms=make_dist(p50=tpot), itl_ms=make_dist(p50=itl),
+                    ttft_ms=make_dist(p50=ttft50, p99=ttft99, mean=ttft_mean), server=view)
+
+
+def _batching07(outs: list[int], wall_s: float) -> RunResult:
+    """A static- or continuous-batching run of the requests ``outs``, ``wall_s`` seconds from first to last."""
+    records = _requests07(outs, [1000.0 + i for i in range(len(outs))])
+    return RunResult(records=records, summary=make_summary(completed=len(outs), total_duration_s=wall_s))
+
+
+def _mixed07(overlapping: bool = True) -> RunResult:
+    """The Poisson chat run: 7 long replies (40 tokens) and 7 short ones (4), each short one sent 2 s after a long
+    one (so it joins and leaves while the long one decodes), or, ``overlapping=False``, 20 s apart, one at a time."""
+    outs = [40, 4] * 7
+    starts = [1000.0 + 20 * (i // 2) + 2 * (i % 2) for i in range(14)] if overlapping else \
+        [1000.0 + 20 * i for i in range(14)]
+    records = _requests07(outs, starts)
+    return RunResult(records=records, summary=make_summary(completed=14, server=ServerView(num_requests_running_max=2.0)))
+
+
+def _static_wall07(wall_s: float):
+    def apply(ns):
+        ns["static"] = _batching07([r.output_tokens for r in ns["static"].records], wall_s)
+    return apply
 
 
 @lab("07",
-     Doctor("a sweep request failed", lambda ns: set_value(ns["table"], 1, "failed", 1), 'table["failed"].sum() == 0'),
+     Doctor("a sweep request failed", lambda ns: setattr(ns["runs"][4].summary, "failed", 1), 'table["failed"].sum() == 0'),
      Doctor("the capped run failed a request", lambda ns: setattr(ns["capped_run"].summary, "failed", 1),
             "capped_run.summary.failed == 0"),
      Doctor("the Poisson run failed a request", lambda ns: setattr(ns["mixed"].summary, "failed", 1),
             "mixed.summary.failed == 0"),
-     Doctor("a static-batching request failed", lambda ns: set_value(ns["batching"], 0, "failed", 1),
+     Doctor("a static-batching request failed", lambda ns: setattr(ns["static"].summary, "failed", 1),
             'batching["failed"].sum() == 0'),
-     Doctor("16 in flight only 2.5x one", lambda ns: _lab07_throughput_at_16(ns, 2.5 * 2.9),
+     Doctor("16 in flight only 2.5x one", lambda ns: setattr(ns["runs"][16].summary, "output_throughput", 2.5 * 2.9),
             'table["throughput vs C=1"].iloc[-1] >= 3'),
-     Doctor("static batching as fast as continuous", lambda ns: ns.update(measured_ratio=1.02),
+     # the continuous run took 100.5 s: static in 98.5 s is 1.02x its throughput
+     Doctor("static batching as fast as continuous", _static_wall07(100.5 / 1.02),
             "measured_ratio < 1 and abs(measured_ratio - predicted_ratio)"),
-     Doctor("static 0.2 below the step-priced prediction",
-            lambda ns: ns.update(measured_ratio=ns["predicted_ratio"] - 0.2), "measured_ratio < 1 and abs("),
-     Doctor("no request joined and left mid-flight", lambda ns: ns.update(joined_and_left=0),
+     Doctor("static 0.2 below the step-priced prediction", _static_wall07(100.5 / (PREDICTED_RATIO_07 - 0.2)),
+            "measured_ratio < 1 and abs("),
+     Doctor("no request joined and left mid-flight", lambda ns: ns.update(mixed=_mixed07(overlapping=False)),
             "joined_and_left >= 1"),
-     Doctor("the capped server ran 5 sequences", lambda ns: set_value(ns["compare"], 1, "max running", 5),
+     Doctor("the capped server ran 5 sequences",
+            lambda ns: setattr(ns["capped_run"].summary.server, "num_requests_running_max", 5.0),
             'cap["max running"] <= MAX_NUM_SEQS'),
-     Doctor("the capped server never queued", lambda ns: set_value(ns["compare"], 1, "max waiting", 0),
-            'cap["max waiting"] >= 1'),
+     Doctor("the capped server never queued",
+            lambda ns: setattr(ns["capped_run"].summary.server, "num_requests_waiting_max", 0.0), 'cap["max waiting"] >= 1'),
      Doctor("server queue explains under half the client's TTFT",
-            lambda ns: set_value(ns["compare"], 1, "server queue mean (ms)", 0.4 * 2930.0),
+            lambda ns: setattr(ns["capped_run"].summary.server, "queue_mean_ms", 0.4 * 2930.0),
             'cap["server queue mean (ms)"] >= 0.5 * cap["client TTFT mean (ms)"]'),
      Doctor("the default server queued half as long as the capped one",
-            lambda ns: set_value(ns["compare"], 0, "server queue mean (ms)", 2410.0 / 2),
+            lambda ns: setattr(ns["default_run"].summary.server, "queue_mean_ms", 2410.0 / 2),
             'dflt["server queue mean (ms)"] < cap["server queue mean (ms)"] / 3'),
      )
 def lab_07(tmp: Path) -> dict[str, Any]:
     # Lab 07 on the cpu profile (quick plan: concurrencies 1/4/16, 128 in / 48 out, static batch 4 x 4 batches of
-    # 128/16-token replies, max_num_seqs 4), float32 on a 2-core CPU.
-    table = pd.DataFrame([
-        {"concurrency": 1, "output tok/s": 2.9, "requests/s": 0.058, "TPOT p50 (ms)": 330.0, "TTFT p50 (ms)": 2410.0,
-         "TTFT p99 (ms)": 2702.0, "max running": 1.0, "failed": 0},
-        {"concurrency": 4, "output tok/s": 10.4, "requests/s": 0.21, "TPOT p50 (ms)": 361.0, "TTFT p50 (ms)": 2990.0,
-         "TTFT p99 (ms)": 4410.0, "max running": 4.0, "failed": 0},
-        {"concurrency": 16, "output tok/s": 31.04, "requests/s": 0.63, "TPOT p50 (ms)": 478.0,
-         "TTFT p50 (ms)": 4820.0, "TTFT p99 (ms)": 9140.0, "max running": 16.0, "failed": 0}])
-    table["throughput vs C=1"] = table["output tok/s"] / table["output tok/s"].iloc[0]
-    table.insert(4, "ITL p50 (ms)", [322.0, 350.0, 461.0])
-    # section 2: one 128-token reply and three of 16 in each batch's worth, 16 requests; predicted the lab's way
-    outs = [128, 16, 16, 16] * 4
-    step = lambda k: bench.interpolate(list(table["concurrency"]), list(table["ITL p50 (ms)"]), k)  # noqa: E731
-    prefill = len(outs) * table["TTFT p50 (ms)"].iloc[0]
-    predicted_ratio = (bench.decode_steps_ms(outs, 4, step) + prefill) / \
-        (bench.decode_steps_ms(outs, 4, step, continuous=False) + prefill)
-    batching = pd.DataFrame([
-        {"batching": "static", "output tok/s": 3.6, "wall (s)": 195.6, "predicted wall (s)": 187.0, "failed": 0},
-        {"batching": "continuous", "output tok/s": 3.6 / (predicted_ratio - 0.04), "wall (s)": 109.0,
-         "predicted wall (s)": 108.0, "failed": 0}])
-    compare = pd.DataFrame([
-        {"server": "default", "TTFT p50 (ms)": 4790.0, "TPOT p50 (ms)": 481.0, "server queue mean (ms)": 11.0,
-         "server prefill mean (ms)": 4610.0, "client TTFT mean (ms)": 4905.0, "max running": 16.0,
-         "max waiting": 0.0, "output tok/s": 30.6},
-        {"server": "max_num_seqs=4", "TTFT p50 (ms)": 2880.0, "TPOT p50 (ms)": 342.0, "server queue mean (ms)": 2410.0,
-         "server prefill mean (ms)": 490.0, "client TTFT mean (ms)": 2930.0, "max running": 4.0,
-         "max waiting": 12.0, "output tok/s": 11.2}])
-    return dict(table=table, capped_run=make_run(completed=32), mixed=make_run(completed=14), batching=batching,
-                measured_ratio=batching["output tok/s"].iloc[0] / batching["output tok/s"].iloc[1],
-                predicted_ratio=predicted_ratio, joined_and_left=5, compare=compare, MAX_NUM_SEQS=4)
+    # 128/16-token replies, max_num_seqs 4, the capped comparison at 16), float32 on a 2-core CPU.
+    # Raw: each run's summary and /metrics view, the static and continuous runs' records and walls, the Poisson run's
+    # records; the lab's derive cells compute the sweep's table, the prediction and both ratios, the pairs that
+    # joined and left, and the comparison of the two servers.
+    ns: dict[str, Any] = dict.fromkeys(PARAMS_07)
+    plan.lab("07", "cpu", quick=True).fill(ns, *PARAMS_07)
+    runs = {1: _sweep07(1, 2.9, 0.058, 330.0, 322.0, 2410.0, 2702.0),
+            4: _sweep07(4, 10.4, 0.21, 361.0, 350.0, 2990.0, 4410.0),
+            16: _sweep07(16, 31.04, 0.63, 478.0, 461.0, 4820.0, 9140.0, queue_ms=11.0, prefill_ms=4610.0,
+                         ttft_mean=4905.0)}
+    pattern = [ns["LONG_REPLY"]] + [ns["SHORT_REPLY"]] * (ns["STATIC_BATCH"] - 1)
+    # the workload both modes sent (the lab's bench.with_output_lengths over the pattern; building it would load a
+    # tokenizer): what the derive cell reads of it, each request's max_output_tokens
+    same = SimpleNamespace(requests=[SimpleNamespace(max_output_tokens=n) for n in pattern * ns["STATIC_BATCHES"]])
+    outs = [r.max_output_tokens for r in same.requests]
+    capped = _sweep07(4, 11.2, 0.25, 342.0, 330.0, 2880.0, 4100.0, queue_ms=2410.0, prefill_ms=490.0, ttft_mean=2930.0,
+                      waiting=12.0)
+    capped.summary.completed = 32
+    ns.update(runs=runs, same=same, static=_batching07(outs, 195.6), continuous=_batching07(outs, 100.5),
+              mixed=_mixed07(), default_run=runs[16], capped_run=capped, bench=bench, pd=pd)
+    return ns
 
 
 # ================================================================================================== lab 08
+def _decoders08(stalled: int, n: int = 4, tokens: int = 240, step_ms: float = 70.0, stall_ms: float = 300.0) -> list:
+    """The decoders' records: ``tokens`` each, every gap ``step_ms`` but ``stalled`` gaps (over the n decoders) of
+    ``stall_ms`` (over 3 decode steps: what the lab counts as a stalled token)."""
+    out = []
+    for j in range(n):
+        (r,) = make_records(1, rate=1.0, ttft_ms=300.0, tpot_ms=step_ms, output_tokens=tokens, input_tokens=64)
+        r.id = f"d{j}"
+        mine = stalled // n + (1 if j < stalled % n else 0)
+        gaps = [stall_ms] * mine + [step_ms] * (tokens - 1 - mine)
+        t = r.timings.t_first_token
+        r.timings.chunk_times = [t] + [t + sum(gaps[:k + 1]) / 1e3 for k in range(len(gaps))]
+        r.timings.t_end = r.timings.t_done = r.timings.chunk_times[-1]
+        out.append(r)
+    return out
+
+
+def _load08(itl50: float, itl99: float, worst: float, tok_s: float, stalled: int, ttft50: float, ttft99: float):
+    """One budget's mixed load: the decoders' run (records and summary) and the long prompts' run (summary)."""
+    decode = RunResult(records=_decoders08(stalled), summary=make_summary(
+        completed=4, itl_ms=make_dist(956, p50=itl50, p99=itl99, max=worst), total_output_throughput=tok_s))
+    return {"decode": decode, "prompts": make_run(completed=3, ttft_ms=make_dist(3, p50=ttft50, p99=ttft99))}
+
+
+def _hol08(short_ms: float, long_ms: float, pairs: int = 3, short: int = 64, long: int = 1024) -> RunResult:
+    """One cap's run over the head-of-line trace: ``pairs`` long prompts, each with a short one behind it."""
+    records = make_records(pairs, rate=0.1, ttft_ms=long_ms, tpot_ms=80.0, output_tokens=1, input_tokens=long) + \
+        make_records(pairs, rate=0.1, ttft_ms=short_ms, tpot_ms=80.0, output_tokens=1, input_tokens=short, t0=1001.0)
+    for i, r in enumerate(records):
+        r.id = f"h{i}"
+    return RunResult(records=records, summary=make_summary(completed=2 * pairs))
+
+
+def _decode08(budget: int, field: str, value: float):
+    return lambda ns: setattr(ns["loads"][budget]["decode"].summary.itl_ms, field, value)
+
+
+def _prompts08(budget: int, field: str, value: float):
+    return lambda ns: setattr(ns["loads"][budget]["prompts"].summary.ttft_ms, field, value)
+
+
 @lab("08",
-     Doctor("a request failed", lambda ns: set_value(ns["table"], 0, "failed", 1), 'table["failed"].sum() == 0'),
+     Doctor("a request failed", lambda ns: setattr(ns["loads"][2048]["prompts"].summary, "failed", 1),
+            'table["failed"].sum() == 0'),
      Doctor("the small budget's worst gap no lower (the profile's budget doctored down to 1.1 s)",
-            lambda ns: set_value(ns["table"], 0, "decoders worst gap (ms)", 1100.0),
-            'smallest["decoders worst gap (ms)"] < default'),
-     Doctor("the small budget's worst gap over twice one chunk's predicted stall",
-            lambda ns: set_value(ns["table"], 1, "decoders worst gap (ms)", 2100.0),
+            _decode08(2048, "max", 1100.0), 'smallest["decoders worst gap (ms)"] < default'),
+     Doctor("the small budget's worst gap over twice one chunk's predicted stall", _decode08(256, "max", 2100.0),
             'smallest["decoders worst gap (ms)"] <= 2'),
      Doctor("chunks did not spread the stall over more tokens",
-            lambda ns: set_value(ns["table"], 1, "decoders' stalled tokens", 12), "smallest[\"decoders' stalled tokens\"]"),
-     Doctor("the profile's worst gap under half a prefill",
-            lambda ns: set_value(ns["table"], 0, "decoders worst gap (ms)", 0.4 * 6307.0),
+            lambda ns: setattr(ns["loads"][256]["decode"], "records", _decoders08(12)),
+            "smallest[\"decoders' stalled tokens\"]"),
+     Doctor("the profile's worst gap under half a prefill", _decode08(2048, "max", 0.4 * 6307.0),
             'default["decoders worst gap (ms)"] >= 0.5'),
-     Doctor("chunking made the long prompts' TTFT a fifth lower: work vanished",
-            lambda ns: set_value(ns["table"], 1, "long-prompt TTFT p50 (ms)", 0.8 * 5835.0),
+     Doctor("chunking made the long prompts' TTFT a fifth lower: work vanished", _prompts08(256, "p50", 0.8 * 5835.0),
             'smallest["long-prompt TTFT p50 (ms)"] >= 0.85'),
-     Doctor("a head-of-line request failed", lambda ns: set_value(ns["hol"], 1, "failed", 1), 'hol["failed"].sum() == 0'),
+     Doctor("a head-of-line request failed", lambda ns: setattr(ns["hol_runs"][64].summary, "failed", 1),
+            'hol["failed"].sum() == 0'),
+     # the lab predicts the short prompt's wait behind the long prefill without the cap: 2,628 ms
      Doctor("the short prompt did not wait for the long prefill (no head-of-line blocking to cure)",
-            lambda ns: set_value(ns["hol"], 0, "short TTFT p50 (ms)", 0.3 * ns["hol"]["short TTFT predicted (ms)"].iloc[0]),
-            'off["short TTFT p50 (ms)"] >= 0.5'),
-     Doctor("the cap did not cut the short prompt's wait",
-            lambda ns: set_value(ns["hol"], 1, "short TTFT p50 (ms)", 0.8 * ns["hol"]["short TTFT p50 (ms)"].iloc[0]),
+            lambda ns: ns["hol_runs"].update({0: _hol08(0.3 * 2628.0, 3175.0)}), 'off["short TTFT p50 (ms)"] >= 0.5'),
+     Doctor("the cap did not cut the short prompt's wait", lambda ns: ns["hol_runs"].update({64: _hol08(0.8 * 2491.0, 3063.0)}),
             'on["short TTFT p50 (ms)"] < 2 / 3'),
      )
 def lab_08(tmp: Path) -> dict[str, Any]:
-    # Lab 08's run on the cpu profile, alone on the machine (quick plan: budgets 2,048 and 256, a 1,843-token prompt,
-    # 4 decoders; long prompts 12.6 s apart, twice the measured prefill): a lone prefill of 6.3 s and a 4-sequence
-    # decode step of 80 ms predict the stalls.
-    budgets, long_prompt, t_prefill, t_step = [2048, 256], 1843, 6307.0, 80.0
-
-    def predicted_stall(budget):
-        return t_prefill if budget >= long_prompt else t_step + t_prefill * budget / long_prompt
-
-    table = pd.DataFrame([
-        {"max_num_batched_tokens": 2048, "predicted worst stall (ms)": predicted_stall(2048),
-         "decoders ITL p50 (ms)": 68.0, "decoders ITL p99 (ms)": 187.0, "decoders worst gap (ms)": 6145.0,
-         "decoders tok/s": 37.0, "decoders' stalled tokens": 17, "long-prompt TTFT p50 (ms)": 5835.0,
-         "long-prompt TTFT p99 (ms)": 6312.0, "failed": 0},
-        {"max_num_batched_tokens": 256, "predicted worst stall (ms)": predicted_stall(256),
-         "decoders ITL p50 (ms)": 83.0, "decoders ITL p99 (ms)": 990.0, "decoders worst gap (ms)": 1150.0,
-         "decoders tok/s": 33.0, "decoders' stalled tokens": 96, "long-prompt TTFT p50 (ms)": 6672.0,
-         "long-prompt TTFT p99 (ms)": 6894.0, "failed": 0}])
-    # section 5 (plan: a 1,024-token prompt, a 64-token one a quarter of the way in, cap 64 at budget 256), same run
-    hol = pd.DataFrame([
-        {"long_prefill_token_threshold": "0 (off, vLLM's default)", "short TTFT predicted (ms)": 2628.0,
-         "short TTFT p50 (ms)": 2491.0, "long TTFT p50 (ms)": 3175.0, "failed": 0},
-        {"long_prefill_token_threshold": 64, "short TTFT predicted (ms)": 518.0,
-         "short TTFT p50 (ms)": 744.0, "long TTFT p50 (ms)": 3063.0, "failed": 0}]).set_index(
-        "long_prefill_token_threshold")
-    return dict(table=table, predicted_stall=predicted_stall, BUDGETS=budgets, hol=hol)
+    # Lab 08's run on the cpu profile, alone on the machine (budgets 2,048 and 256, a 1,843-token prompt, 4 decoders;
+    # long prompts 12.6 s apart, twice the measured prefill; head of line: a 1,024-token prompt, a 64-token one a
+    # quarter of the way in, cap 64 at budget 256: that run's parameters, the quick plan's prompts are shorter today):
+    # a lone prefill of 6.3 s and a 4-sequence decode step of 80 ms predict the stalls.
+    # Raw: the two calibration runs, each budget's decoders' records and both runs' summaries, each cap's records; the
+    # lab's derive cells compute the predicted stalls, the pacing, the table, the trace's predictions and hol.
+    ns: dict[str, Any] = dict(BUDGETS=[2048, 256], LONG_PROMPT=1843, DECODERS=4, DECODE_OUTPUT=240, LONG_PROMPTS=3,
+                              PROMPT_EVERY_S=2.5, LEAD_S=1.0, HOL={"long": 1024, "short": 64, "cap": 64, "pairs": 3},
+                              PLAN=plan.lab("08", "cpu", quick=True), math=math, pd=pd)
+    ns["alone"] = make_run(completed=2, ttft_ms=make_dist(2, p50=6307.0))
+    ns["step"] = make_run(completed=4, itl_ms=make_dist(124, p50=80.0))
+    ns["loads"] = {2048: _load08(68.0, 187.0, 6145.0, 37.0, 17, 5835.0, 6312.0),
+                   256: _load08(83.0, 990.0, 1150.0, 33.0, 96, 6672.0, 6894.0)}
+    ns["hol_runs"] = {0: _hol08(2491.0, 3175.0), 64: _hol08(744.0, 3063.0)}
+    return ns
 
 
 # ================================================================================================== lab 09
-def _lab09_gain(unique_ttft: float, shared_ttft: float):
-    unique = make_records(8, rate=0.1, ttft_ms=unique_ttft, tpot_ms=330.0, output_tokens=16, input_tokens=1088)
-    shared = make_records(8, rate=0.1, ttft_ms=shared_ttft, tpot_ms=330.0, output_tokens=16, input_tokens=1088)
-    return bench.compare(unique, shared, "ttft", 0.5)
+PARAMS_09 = ("BLOCK_SIZE", "REQUESTS", "SYSTEM_PROMPT", "SUFFIX", "SHORT_PREFIX", "OUTPUT")
+SHARED_09, UNIQUE_09, SHORT_09 = "shared system prompt", "unique prompts", "shared prefix of 28 tokens"
 
 
-def _workload_row(ns, name: str) -> int:
-    return list(ns["table"]["workload"]).index(name)
+def _run09(ttft_ms: float, hit_rate: float, requests: int = 8, prompt: int = 1088) -> RunResult:
+    """One workload's run, sent one at a time: its records, their summary, and the server's prefix-cache counters
+    over the run (``hit_rate`` of ``requests x prompt`` queried tokens hit)."""
+    records = make_records(requests, rate=0.1, ttft_ms=ttft_ms, tpot_ms=330.0, output_tokens=16, input_tokens=prompt)
+    summary = bench.summarize(records)
+    summary.server = ServerView(requests=requests, prefix_cache_queries=requests * prompt,
+                                prefix_cache_hits=round(hit_rate * requests * prompt))
+    return RunResult(records=records, summary=summary)
 
 
 def _hit_rate(name: str, value: float):
+    """Doctor one workload's /metrics counters: ``value`` of its queried tokens hit the prefix cache."""
     def doctor(ns):
-        set_value(ns["table"], _workload_row(ns, name), "measured hit rate", value)
+        view = ns["runs"][name].summary.server
+        view.prefix_cache_hits = round(value * view.prefix_cache_queries)
+    return doctor
+
+
+def _ttft09(name: str, ttft_ms: float):
+    """Doctor one workload's measured TTFTs (its records, hence its summary and the lab's bootstrap)."""
+    def doctor(ns):
+        old = ns["runs"][name].summary.server
+        ns["runs"][name] = _run09(ttft_ms, old.prefix_cache_hit_rate or 0.0)
     return doctor
 
 
 @lab("09",
      Doctor("server ran 128-token blocks, not the plan's 32", lambda ns: ns.update(block=128),
             "block == BLOCK_SIZE"),
-     Doctor("a request failed", lambda ns: set_value(ns["table"], 2, "failed", 1), 'table["failed"].sum() == 0'),
-     Doctor("server counted a prompt differently", lambda ns: set_value(ns["table"], 1, "tokens as intended", False),
+     Doctor("a request failed", lambda ns: setattr(ns["runs"][SHORT_09].summary, "failed", 1),
+            'table["failed"].sum() == 0'),
+     Doctor("server counted a prompt differently",
+            lambda ns: ns["runs"][UNIQUE_09].summary.input_tokens.update(mismatched=1),
             'table["tokens as intended"].all()'),
-     Doctor("hit rate 0.05 below prediction", _hit_rate("shared system prompt", 0.8199 - 0.05),
+     Doctor("hit rate 0.05 below prediction", _hit_rate(SHARED_09, 0.8199 - 0.05),
             't.loc["shared system prompt", "measured hit rate"]'),
-     Doctor("unique prompts hit 5%", _hit_rate("unique prompts", 0.05), 't.loc["unique prompts", "measured hit rate"]'),
-     Doctor("a sub-block prefix hit 3%", _hit_rate("shared prefix of 28 tokens", 0.03),
-            't.loc[f"shared prefix of {SHORT_PREFIX} tokens"'),
-     Doctor("the cache did not cut TTFT (CI includes zero)", lambda ns: ns.update(gain=_lab09_gain(9600.0, 9600.0)),
+     Doctor("unique prompts hit 5%", _hit_rate(UNIQUE_09, 0.05), 't.loc["unique prompts", "measured hit rate"]'),
+     Doctor("a sub-block prefix hit 3%", _hit_rate(SHORT_09, 0.03), 't.loc[f"shared prefix of {SHORT_PREFIX} tokens"'),
+     Doctor("the cache did not cut TTFT (CI includes zero)", _ttft09(SHARED_09, 9600.0),
             "gain.differ and gain.diff < 0"),
-     Doctor("shared prompts slower than unique ones", lambda ns: ns.update(gain=_lab09_gain(9600.0, 11200.0)),
-            "gain.differ and gain.diff < 0"),
+     Doctor("shared prompts slower than unique ones", _ttft09(SHARED_09, 11200.0), "gain.differ and gain.diff < 0"),
      )
 def lab_09(tmp: Path) -> dict[str, Any]:
     # Lab 09 on the cpu profile (quick plan: 32-token blocks, 8 requests of a 1,024-token system prompt + 64).
-    block, requests, system_prompt, suffix, short = 32, 8, 1024, 64, 28
-    L = system_prompt + suffix
-    workloads = {"shared system prompt": (None, sizing.prefix_hit_rate(system_prompt, L, block, requests)),
-                 "unique prompts": (None, 0.0),
-                 f"shared prefix of {short} tokens": (None, sizing.prefix_hit_rate(short, L, block, requests))}
-    measured = {"shared system prompt": 0.8199, "unique prompts": 0.0, f"shared prefix of {short} tokens": 0.0}
-    table = pd.DataFrame([{"workload": name, "predicted hit rate": pred, "measured hit rate": measured[name],
-                           "hits (tokens)": round(measured[name] * requests * L), "queries (tokens)": requests * L,
-                           "TTFT p50 (ms)": 1210.0 if name == "shared system prompt" else 9600.0,
-                           "tokens as intended": True, "failed": 0}
-                          for name, (_, pred) in workloads.items()])
-    return dict(table=table, block=block, BLOCK_SIZE=32, workloads=workloads, SHORT_PREFIX=short,
-                gain=_lab09_gain(9600.0, 1210.0))
+    # Raw: the server's block size, each workload's run (records and summary) and its /metrics prefix-cache counters;
+    # the lab's derive cells compute the predicted hit rates, the table and the TTFT comparison.
+    ns: dict[str, Any] = dict.fromkeys(PARAMS_09)
+    plan.lab("09", "cpu", quick=True).fill(ns, *PARAMS_09)
+    shared = bench.SharedPrefix(prefix_len=ns["SYSTEM_PROMPT"], suffix_len=ns["SUFFIX"], output_len=ns["OUTPUT"],
+                                endpoint="completions")
+    runs = {SHARED_09: _run09(1210.0, 0.8199), UNIQUE_09: _run09(9600.0, 0.0), SHORT_09: _run09(9600.0, 0.0)}
+    ns.update(block=32, shared=shared, runs=runs, bench=bench, sizing=sizing, pd=pd)
+    return ns
 
 
 # ================================================================================================== lab 10
 FREE_10, FIXED_10 = "free (stop at EOS, max 128)", "fixed (128 tokens)"
 
 
-def _warm(ns, row: int, column: str, value: float) -> None:
-    set_value(ns["warm"], row, column, value)
+def _warm_run10(ttft_p50: float, hit_rate: float, requests: int = 6, prompt: int = 1024) -> RunResult:
+    """One of section 3's runs: its TTFT median and what /metrics counted of its prompts in the prefix cache."""
+    return make_run(completed=requests, ttft_ms=make_dist(requests, p50=ttft_p50),
+                    server=ServerView(requests=requests, prefix_cache_queries=requests * prompt,
+                                      prefix_cache_hits=round(hit_rate * requests * prompt)))
+
+
+def _hits10(run: str, hit_rate: float):
+    """Doctor one run's /metrics counters: ``hit_rate`` of its prompt tokens hit the prefix cache."""
+    def apply(ns):
+        view = ns[run].summary.server
+        view.prefix_cache_hits = round(hit_rate * view.prefix_cache_queries)
+    return apply
+
+
+def _even10(ns):
+    return ns["arrivals"]["constant"].summary
 
 
 def _pois10(ns):
@@ -312,20 +429,20 @@ def _pois10(ns):
      Doctor("a burst no worse than Poisson",
             lambda ns: setattr(ns["arrivals"]["burst"].summary.ttft_ms, "p99", _pois10(ns).ttft_ms.p99 - 1),
             "burst.ttft_ms.p99 > pois.ttft_ms.p99"),
-     Doctor("second pass missed the prefix cache", lambda ns: _warm(ns, 1, "prefix-cache hit rate", 0.3),
+     Doctor("second pass missed the prefix cache", _hits10("naive", 0.3),
             'warm.iloc[1]["prefix-cache hit rate"] > 0.5'),
-     Doctor("disjoint warmup hit the prefix cache", lambda ns: _warm(ns, 2, "prefix-cache hit rate", 0.2),
+     Doctor("disjoint warmup hit the prefix cache", _hits10("honest", 0.2),
             'warm.iloc[1]["prefix-cache hit rate"] > 0.5'),
-     Doctor("second pass only 40% faster", lambda ns: _warm(ns, 1, "TTFT p50 (ms)", 0.6 * 9110.0),
+     Doctor("second pass only 40% faster", lambda ns: setattr(ns["naive"].summary.ttft_ms, "p50", 0.6 * 9110.0),
             'warm.iloc[1]["TTFT p50 (ms)"] < 0.5'),
      Doctor("free outputs ran to 120 of 128 tokens",
             lambda ns: ns["lengths"][FREE_10].summary.output_tokens.update(mean=120.0), "free_mean < 0.9 * 128"),
      Doctor("a fixed output came back a token short",
             lambda ns: ns["lengths"][FIXED_10].summary.output_tokens.update(mean=127.5), "free_mean < 0.9 * 128"),
-     Doctor("window fell back to the whole span", lambda ns: setattr(ns["even"].window, "method", "whole-span"),
+     Doctor("window fell back to the whole span", lambda ns: setattr(_even10(ns).window, "method", "whole-span"),
             'even.window.method == "steady-state"'),
      Doctor("steady window no faster than the whole span",
-            lambda ns: setattr(ns["even"], "output_throughput", ns["even"].total_output_throughput),
+            lambda ns: setattr(_even10(ns), "output_throughput", _even10(ns).total_output_throughput),
             'even.window.method == "steady-state"'),
      Doctor("the client cap left no queue", lambda ns: setattr(ns["capped"].summary.client_queue_ms, "p99", 40.0),
             "capped.summary.client_queue_ms.p99 > 100"),
@@ -337,12 +454,14 @@ def _pois10(ns):
             "abs(ours.summary.itl_ms.mean / TRUE_TPOT - 1)"),
      Doctor("the naive client got TTFT right", lambda ns: ns.update(naive_ttft=198.0),
             "naive_ttft < 0.5 * TRUE_TTFT"),
-     Doctor("the naive client counted tokens right", lambda ns: ns.update(naive_tokens=48),
+     Doctor("the naive client counted tokens right", lambda ns: ns.update(naive_events=48),
             "naive_ttft < 0.5 * TRUE_TTFT"),
      )
 def lab_10(tmp: Path) -> dict[str, Any]:
     # Lab 10 on the cpu profile (quick plan: 128 in / 32 out, 20 s of arrivals at 80% of capacity, 6 warm requests,
     # a client cap of 2); section 7 against the calibration server set to 200 ms TTFT, 20 ms/token, 3 tokens/event.
+    # Raw: every run's summary (and /metrics view), the naive client's readings; the lab's derive cells compute the
+    # warm table, pick the Poisson and evenly spaced summaries, and what the naive client counted.
     def arrival(mean, p50, p99, completed=18):
         return make_run(completed=completed, ttft_ms=make_dist(completed, mean=mean, p50=p50, p99=p99))
     poisson = arrival(820.0, 640.0, 2610.0)
@@ -350,10 +469,6 @@ def lab_10(tmp: Path) -> dict[str, Any]:
     constant.summary.window = Window(start=1003.1, end=1021.4, method="steady-state", origin=1000.0)
     constant.summary.output_throughput, constant.summary.total_output_throughput = 24.1, 19.8
     arrivals = {"constant": constant, "Poisson": poisson, "burst": arrival(4100.0, 4230.0, 7350.0)}
-    warm = pd.DataFrame([{"run": "first pass", "TTFT p50 (ms)": 9050.0, "prefix-cache hit rate": 0.0},
-                         {"run": "second pass (same prompts)", "TTFT p50 (ms)": 1320.0,
-                          "prefix-cache hit rate": 0.875},
-                         {"run": "disjoint warmup", "TTFT p50 (ms)": 9110.0, "prefix-cache hit rate": 0.0}])
 
     def outputs(mean):
         return make_run(completed=6, output_tokens={"total": round(6 * mean), "mean": mean, "expected_mean": None,
@@ -363,10 +478,12 @@ def lab_10(tmp: Path) -> dict[str, Any]:
                   client_queue_ms=make_dist(18, mean=610.0, p50=380.0, p99=1850.0))
     ours = make_run(completed=5, ttft_ms=make_dist(5, mean=201.9, p50=201.8, p99=203.0), itl_ms=make_dist(235, mean=20.3),
                 output_tokens={"total": 240, "mean": 48.0, "expected_mean": 48.0, "checked": 5, "mismatched": 0})
-    p, even = poisson.summary, constant.summary
-    return dict(arrivals=arrivals, first_pass=make_run(completed=6), naive=make_run(completed=6), honest=make_run(completed=6),
-                capped=capped, lengths=lengths, warm=warm, p=p, even=even, ours=ours, TRUE_TTFT=200.0, TRUE_TPOT=20.0, N_OUT=48,
-                naive_ttft=2.1, naive_tokens=17)
+    # section 3: the same 6 prompts twice (the second pass hits 7/8 of each 1,024-token prompt), then disjoint ones
+    first_pass, naive, honest = _warm_run10(9050.0, 0.0), _warm_run10(1320.0, 0.875), _warm_run10(9110.0, 0.0)
+    # section 7: the naive client's readings of the calibration stream (48 tokens, 3 an event: it counted 17 events)
+    return dict(arrivals=arrivals, first_pass=first_pass, naive=naive, honest=honest, capped=capped, lengths=lengths,
+                ours=ours, TRUE_TTFT=200.0, TRUE_TPOT=20.0, PER_EVENT=3, N_OUT=48, naive_ttft=2.1, naive_events=17,
+                naive_e2e=960.0, pd=pd)
 
 
 # ================================================================================================== lab 11
@@ -430,8 +547,9 @@ def _doctor_report_config(key: str, value: Any = None, drop: bool = False):
      Doctor("TPOT flat past the capacity", lambda ns: set_value(ns["curve"], 3, "tpot_p50_ms", 1.2 * 81.0),
             'curve["tpot_p50_ms"].iloc[-1] > 1.3'),
      # Implied by the tracking assert two lines up: the knee is the first rate whose tracking falls below 0.85 of the
-     # best at the lighter rates (or whose TTFT p99/TPOT doubles), so a curve that passes that assert has a knee.
-     Doctor("no knee found", lambda ns: ns.update(knee=None), "knee is not None"),
+     # best at the lighter rates (or whose TTFT p99/TPOT doubles), so a curve that passes that assert has a knee: no
+     # raw measurement reaches this assert, hence after the lab's derive cell (its knee) has run.
+     Doctor("no knee found", lambda ns: ns.update(knee=None), "knee is not None", after_derive=True),
      Doctor("no configuration met the target at any rate",
             lambda ns: ns.update(results=[_config_result(n, None, 7) for n in CONFIGS_11]),
             "any(r.max_rate_within_slo for r in results)"),
@@ -456,7 +574,9 @@ def _doctor_report_config(key: str, value: Any = None, drop: bool = False):
 def lab_11(tmp: Path) -> dict[str, Any]:
     # Lab 11 on the cpu profile (quick plan: 128 in / 32 out, capacity 1.6 req/s, sweep at 0.25/0.5/0.9/1.5 of it,
     # a p99 TTFT target of 1,500 ms and a TPOT SLO of 100 ms). The first sweep run is real records in a real run
-    # folder, so the cell's own bench.goodput(run_dirs[0], slo) reads them back.
+    # folder, so the cell's own bench.goodput(run_dirs[0], slo) reads them back. Raw: the sweep's curve (sweep.df and
+    # each run's bench.tracking, as measured), the searches' results and the report the lab wrote from them; the
+    # lab's derive cell finds the knee.
     slo = bench.SLO(ttft_ms=1500, tpot_ms=100)
     records = make_records(12, rate=0.4, ttft_ms=420.0, tpot_ms=81.0, output_tokens=32)
     folder = RunFolder(tmp / "phase2_runs" / "sweep" / "rate-0.4")
@@ -472,11 +592,8 @@ def lab_11(tmp: Path) -> dict[str, Any]:
                           "tpot_p50_ms": [81.0, 88.0, 104.0, 131.0],
                           "goodput": [summary.goodput.goodput_rps, 0.79, 1.12, 0.31]})
     curve["tracking"] = curve["output_throughput"] / (curve["achieved_rate"] * 32)
-    base = curve.iloc[0]
-    best = curve["tracking"].cummax().shift(fill_value=base.tracking)
-    knee = next((r.rate for r, b in zip(curve.itertuples(), best) if r.tracking < 0.85 * b
-                 or r.ttft_p99_ms > 2 * base.ttft_p99_ms or r.tpot_p50_ms > 2 * base.tpot_p50_ms), None)
-    ns = dict(curve=curve, knee=knee, bench=bench, json=json, slo=slo, run_dirs=[folder.path],
+    # the lab's derive cell finds the knee in this curve (1.44 req/s: TTFT p99 more than doubled)
+    ns = dict(curve=curve, capacity=1.6, bench=bench, json=json, slo=slo, run_dirs=[folder.path],
               sweep=SimpleNamespace(runs=[run0]), CONFIGS=CONFIGS_11,
               results=[_config_result(n, rate, 200 + i) for i, (n, rate) in
                        enumerate(zip(CONFIGS_11, [0.96, 1.1, 0.83]))],
