@@ -5,6 +5,7 @@ measurements (how they are run: tests/checks/harness.py).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -16,6 +17,7 @@ import pandas as pd
 from helpers import bench, plan, sizing
 from helpers.metrics import ServerView
 from helpers.bench.stats import Window
+from helpers.bench.records import RequestResult, Timings
 from helpers.bench.store import RunFolder, RunResult
 from tests.checks.harness import (CPU_DESCRIPTION, Doctor, checks_for, lab, make_dist, make_records, make_run,
                                   make_startup, make_summary, set_value)
@@ -540,16 +542,61 @@ def _doctor_report_config(key: str, value: Any = None, drop: bool = False):
     return lambda ns: _write_report(ns, mutate)
 
 
+def _queue_records(rate: float, n: int, *, slots: int = 8, ttft_ms: float = 420.0, tpot_ms: float,
+                   output_tokens: int = 32, seed: int = 0, t0: float = 1000.0) -> list[RequestResult]:
+    """A server of ``slots`` sequences at a time fed Poisson arrivals at ``rate``: a request waits for a free slot
+    (its wait lands in its TTFT, as vLLM's queue does), then its first token after ``ttft_ms`` and one token every
+    ``tpot_ms``. Past ``slots`` / E2E requests per second the queue grows and fewer requests come back than arrive."""
+    free = [t0] * slots
+    out = []
+    for i, offset in enumerate(bench.Poisson(rate, seed=seed).offsets(n)):
+        sent = t0 + offset
+        k = min(range(slots), key=free.__getitem__)
+        first = max(sent, free[k]) + ttft_ms / 1e3
+        chunks = [first + j * tpot_ms / 1e3 for j in range(output_tokens)]
+        free[k] = chunks[-1]
+        out.append(RequestResult(
+            id=f"r{rate:g}-{i}", endpoint="completions", ok=True, http_status=200, finish_reason="length",
+            timings=Timings(t_scheduled=sent, t_dispatched=sent, t_first_token=first, t_end=chunks[-1],
+                            t_done=chunks[-1], chunk_times=chunks, chunk_tokens=[1] * output_tokens),
+            input_tokens=128, expected_input_tokens=128, output_tokens=output_tokens,
+            max_output_tokens=output_tokens, min_output_tokens=output_tokens))
+    return out
+
+
+RATES_11 = [0.4, 0.8, 1.44, 2.4]   # 0.25/0.5/0.9/1.5 of the measured 1.6 req/s
+#: The decode step grows with the batch (81 ms alone, as measured on this CPU): 149 ms at the heaviest rate.
+TPOT_11 = {0.4: 95.0, 0.8: 109.0, 1.44: 132.0, 2.4: 149.0}
+SLO_11 = bench.SLO(ttft_ms=1500, tpot_ms=160)
+
+
+def _sweep11(**last: Any) -> bench.SweepResult:
+    """The sweep as bench.sweep returns it: each rate's records (20 at least, 15 s of arrivals) and their summary.
+    ``last``: keyword overrides for the heaviest rate's records."""
+    runs = []
+    for i, rate in enumerate(RATES_11):
+        kw = dict(tpot_ms=TPOT_11[rate], seed=i) | (last if i == len(RATES_11) - 1 else {})
+        records = _queue_records(rate, max(20, round(rate * 15)), **kw)
+        runs.append(RunResult(records=records, summary=bench.summarize(records, slo=SLO_11),
+                              config={"slo": SLO_11.as_dict()}))
+    return bench.SweepResult(runs=runs, parameter="rate", values=RATES_11)
+
+
+def _failed_sweep_request(ns):
+    run = ns["sweep"].runs[2]
+    run.records[5] = dataclasses.replace(run.records[5], ok=False, http_status=500, error="server error")
+    ns["sweep"].runs[2] = RunResult(records=run.records, summary=bench.summarize(run.records, slo=SLO_11),
+                                    config=run.config)
+
+
 @lab("11",
-     Doctor("a sweep request failed", lambda ns: set_value(ns["curve"], 2, "failed", 1), 'curve["failed"].sum() == 0'),
-     Doctor("throughput kept tracking the offered load", lambda ns: set_value(ns["curve"], 3, "tracking", 0.9),
+     Doctor("a sweep request failed", _failed_sweep_request, 'curve["failed"].sum() == 0'),
+     # 16 sequences at a time: the heaviest rate (2.4 req/s) is below what the server serves, nothing queues
+     Doctor("throughput kept tracking the offered load", lambda ns: ns.update(sweep=_sweep11(slots=16)),
             'curve["tracking"].iloc[-1] < 0.85'),
-     Doctor("TPOT flat past the capacity", lambda ns: set_value(ns["curve"], 3, "tpot_p50_ms", 1.2 * 81.0),
+     # the step at the heaviest rate as at the lightest (95 ms): the queue still grows, the decode step does not
+     Doctor("TPOT flat past the capacity", lambda ns: ns.update(sweep=_sweep11(tpot_ms=TPOT_11[0.4] * 1.2)),
             'curve["tpot_p50_ms"].iloc[-1] > 1.3'),
-     # Implied by the tracking assert two lines up: the knee is the first rate whose tracking falls below 0.85 of the
-     # best at the lighter rates (or whose TTFT p99/TPOT doubles), so a curve that passes that assert has a knee: no
-     # raw measurement reaches this assert, hence after the lab's derive cell (its knee) has run.
-     Doctor("no knee found", lambda ns: ns.update(knee=None), "knee is not None", after_derive=True),
      Doctor("no configuration met the target at any rate",
             lambda ns: ns.update(results=[_config_result(n, None, 7) for n in CONFIGS_11]),
             "any(r.max_rate_within_slo for r in results)"),
@@ -573,28 +620,18 @@ def _doctor_report_config(key: str, value: Any = None, drop: bool = False):
      )
 def lab_11(tmp: Path) -> dict[str, Any]:
     # Lab 11 on the cpu profile (quick plan: 128 in / 32 out, capacity 1.6 req/s, sweep at 0.25/0.5/0.9/1.5 of it,
-    # a p99 TTFT target of 1,500 ms and a TPOT SLO of 100 ms). The first sweep run is real records in a real run
-    # folder, so the cell's own bench.goodput(run_dirs[0], slo) reads them back. Raw: the sweep's curve (sweep.df and
-    # each run's bench.tracking, as measured), the searches' results and the report the lab wrote from them; the
-    # lab's derive cell finds the knee.
-    slo = bench.SLO(ttft_ms=1500, tpot_ms=100)
-    records = make_records(12, rate=0.4, ttft_ms=420.0, tpot_ms=81.0, output_tokens=32)
+    # a p99 TTFT target of 1,500 ms). Raw: the sweep's runs (records of a server of 8 sequences whose step grows with
+    # the batch, the shape measured here), the first run's folder as bench.sweep saved it (so the cell's own
+    # bench.goodput(run_dirs[0], slo) reads it back), the searches' results and the report the lab wrote from them;
+    # the lab's derive cells build the curve with its tracking column and find the knee.
+    sweep = _sweep11()
+    run0 = sweep.runs[0]
     folder = RunFolder(tmp / "phase2_runs" / "sweep" / "rate-0.4")
-    for r in records:
+    for r in run0.records:
         folder.record(r)
-    summary = bench.summarize(records, slo=slo)
-    folder.finish(summary, {"slo": slo.as_dict(), "seed": 0}, [])
-    run0 = RunResult(records=records, summary=summary, config={"slo": slo.as_dict()}, out_dir=folder.path)
-    rates = [0.4, 0.8, 1.44, 2.4]
-    curve = pd.DataFrame({"rate": rates, "valid": True, "completed": [12, 12, 17, 24], "failed": 0,
-                          "output_throughput": [12.7, 25.3, 42.6, 47.9], "achieved_rate": [0.4, 0.8, 1.43, 2.39],
-                          "ttft_p50_ms": [415.0, 470.0, 880.0, 6100.0], "ttft_p99_ms": [455.0, 690.0, 2420.0, 11800.0],
-                          "tpot_p50_ms": [81.0, 88.0, 104.0, 131.0],
-                          "goodput": [summary.goodput.goodput_rps, 0.79, 1.12, 0.31]})
-    curve["tracking"] = curve["output_throughput"] / (curve["achieved_rate"] * 32)
-    # the lab's derive cell finds the knee in this curve (1.44 req/s: TTFT p99 more than doubled)
-    ns = dict(curve=curve, capacity=1.6, bench=bench, json=json, slo=slo, run_dirs=[folder.path],
-              sweep=SimpleNamespace(runs=[run0]), CONFIGS=CONFIGS_11,
+    folder.finish(run0.summary, {"slo": SLO_11.as_dict(), "seed": 0}, [])
+    run0.out_dir = folder.path
+    ns = dict(sweep=sweep, capacity=1.6, bench=bench, json=json, slo=SLO_11, run_dirs=[folder.path], CONFIGS=CONFIGS_11,
               results=[_config_result(n, rate, 200 + i) for i, (n, rate) in
                        enumerate(zip(CONFIGS_11, [0.96, 1.1, 0.83]))],
               _reports=tmp / "reports")
