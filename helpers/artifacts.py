@@ -4,8 +4,14 @@ Every phase deliverable goes through :func:`write` (the Sizing Sheet, the Phase 
 report, the Phase 3 deployment, the Phase 4 fleet results, the capstone design)::
 
     paths = artifacts.write(reports_dir, "phase2_benchmark_report", title=..., markdown=md, data=obj,
+                            basis={"configs": "measured", "slo": "input", ...},
                             charts={"Latency-throughput": chart}, provenance=provenance.provenance(...))
     paths["md"], paths["json"], paths["html"], paths["charts"]["Latency-throughput"]
+
+Every deliverable says how each of its numbers is known (``basis``: one of :data:`BASES` per top-level key of its data,
+or one for them all): measured in this run, predicted, taken from a catalog, saved by an earlier lab, or an input (a
+knob, a target). The JSON carries it under ``"basis"`` and the Markdown as a table, so a reader never takes a
+prediction or a datasheet figure for a measurement.
 
 The HTML page needs no network: charts are embedded as PNG images rendered offline by ``vl-convert`` (an
 altair chart's own HTML would fetch vega from a CDN and show "Error loading script" to an offline reader).
@@ -23,7 +29,54 @@ import re
 from pathlib import Path
 from typing import Any, Mapping
 
-__all__ = ["write", "chart_png", "markdown_to_html", "slug", "provenance_markdown"]
+__all__ = ["write", "chart_png", "markdown_to_html", "slug", "provenance_markdown", "BASES", "check_basis",
+           "basis_markdown"]
+
+#: How a number in a deliverable is known. A basis is one of these (``"earlier lab 15"`` names the lab), several
+#: joined by " + ", optionally followed by ": " and what exactly (``"measured + predicted: each row carries both"``).
+BASES = {
+    "measured": "measured in this run",
+    "predicted": "predicted by a formula or a model fitted earlier, not measured",
+    "catalog": "taken from a catalog: datasheets, published configs, list prices",
+    "earlier lab": "saved by an earlier lab of this series and read back",
+    "input": "set by the learner, the brief or the plan (a knob, a target): not a result",
+    "no numbers": "names, commands, paths",
+}
+
+
+def check_basis(data: Mapping[str, Any], basis: "str | Mapping[str, str]") -> dict[str, str]:
+    """``basis`` for every top-level key of ``data`` (a string: the same for all), each checked against
+    :data:`BASES`; raises ``ValueError`` naming the keys without one, the keys it names that ``data`` lacks, and
+    the bases it does not know.
+
+    Introduced in lab 05 (Where the Time Goes).
+    """
+    full = {k: basis for k in data} if isinstance(basis, str) else dict(basis)
+    problems = []
+    missing = [k for k in data if k not in full]
+    if missing:
+        problems.append(f"no basis for {missing}: say for each whether this run measured it, predicted it, took it "
+                        f"from a catalog or an earlier lab, or it is an input (one of {list(BASES)})")
+    stale = [k for k in full if k not in data]
+    if stale:
+        problems.append(f"a basis for {stale}, which the data does not hold")
+    for k, v in full.items():
+        kinds = [re.sub(r"^earlier lab \d\d$", "earlier lab", x.strip()) for x in str(v).split(":", 1)[0].split("+")]
+        if not all(x in BASES for x in kinds):
+            problems.append(f"{k}: {v!r} names no known basis (the text before ':' is one of {list(BASES)}, several "
+                            "joined by ' + ')")
+    if problems:
+        raise ValueError("; ".join(problems))
+    return full
+
+
+def basis_markdown(basis: Mapping[str, str]) -> str:
+    """The ``## What each number is`` section of a deliverable.
+
+    Introduced in lab 05 (Where the Time Goes).
+    """
+    rows = [f"| `{k}` | {v} |" for k, v in basis.items()]
+    return "\n".join(["## What each number is", "", "| field | how it is known |", "|---|---|", *rows])
 
 
 def slug(text: str) -> str:
@@ -86,15 +139,18 @@ def provenance_markdown(prov: Mapping[str, Any]) -> str:
 
 
 def write(directory: str | Path, stem: str, *, title: str, markdown: str, data: Mapping[str, Any],
-          charts: Mapping[str, Any] | None = None, provenance: Mapping[str, Any] | None = None) -> dict[str, Any]:
+          basis: "str | Mapping[str, str]", charts: Mapping[str, Any] | None = None,
+          provenance: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Write ``<stem>.md``, ``<stem>.json``, ``<stem>.html`` and one ``<stem>-<chart>.png`` per chart.
 
-    ``markdown`` is the body; a provenance section and the charts (as image links) are appended. ``data`` is the
-    JSON body; ``provenance`` is added to it under that key. A chart that cannot render is reported in the page,
-    never loses the artifact. Returns the paths: ``md``, ``json``, ``html`` and ``charts`` (title -> PNG path).
+    ``markdown`` is the body; a section saying how each number is known (``basis``, checked by
+    :func:`check_basis` before anything is written), a provenance section and the charts (as image links) are
+    appended. ``data`` is the JSON body; ``basis`` and ``provenance`` are added to it under those keys. A chart that
+    cannot render is reported in the page, never loses the artifact. Returns the paths: ``md``, ``json``, ``html`` and ``charts`` (title -> PNG path).
 
     Introduced in lab 05 (Where the Time Goes).
     """
+    basis = check_basis(data, basis)
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
     pngs: dict[str, Path] = {}
@@ -112,7 +168,7 @@ def write(directory: str | Path, stem: str, *, title: str, markdown: str, data: 
         figures_md.append(f"### {name}\n\n![{name}]({path.name})")
         figures_html.append(f"<h3>{html.escape(name)}</h3><img alt='{html.escape(name)}' style='max-width:100%' "
                             f"src='data:image/png;base64,{base64.b64encode(png).decode()}'>")
-    text = markdown.rstrip() + "\n"
+    text = markdown.rstrip() + "\n\n" + basis_markdown(basis) + "\n"
     if figures_md:
         text += "\n## Charts\n\n" + "\n\n".join(figures_md) + "\n"
     if provenance:
@@ -120,10 +176,12 @@ def write(directory: str | Path, stem: str, *, title: str, markdown: str, data: 
     md_path, json_path, html_path = d / f"{stem}.md", d / f"{stem}.json", d / f"{stem}.html"
     md_path.write_text(text)
     body = dict(_clean(dict(data)))
+    body["basis"] = basis
     if provenance:
         body["provenance"] = _clean(dict(provenance))
     json_path.write_text(json.dumps(body, indent=2, default=str) + "\n")
-    page_md = markdown.rstrip() + ("\n\n" + provenance_markdown(provenance) if provenance else "")
+    page_md = markdown.rstrip() + "\n\n" + basis_markdown(basis) + (
+        "\n\n" + provenance_markdown(provenance) if provenance else "")
     html_path.write_text(
         "<!doctype html><meta charset='utf-8'><title>" + html.escape(title) + "</title>"
         "<style>body{font-family:sans-serif;max-width:1100px;margin:2em auto}table{border-collapse:collapse}"

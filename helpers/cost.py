@@ -279,6 +279,9 @@ class Deployment:
     min_greedy_agreement: float
     predicted_devices: list[dict] = dataclasses.field(default_factory=list)
     chosen: str | None = None
+    #: where the gate's qualities came from: ``"measured"`` (this run), ``"earlier lab 15"`` (lab 15's saved
+    #: measurements of the same checkpoint), or both joined by " + "
+    gate_basis: str = "measured"
 
     def __post_init__(self) -> None:
         if self.chosen is None:
@@ -396,4 +399,18 @@ class Deployment:
 
         md = self.to_markdown()
         return artifacts.write(directory, "phase3_deployment", title=md.splitlines()[0][2:], markdown=md,
-                               data=self.as_dict(), charts=charts, provenance=provenance)
+                               data=self.as_dict(), basis=self.basis(), charts=charts, provenance=provenance)
+
+    def basis(self) -> dict[str, str]:
+        """How each field of the deliverable is known (see :func:`helpers.artifacts.check_basis`)."""
+        gate = f"{self.gate_basis}: the accuracy gate's qualities of the baseline and the quantized checkpoint"
+        return {
+            "model": "no numbers", "profile": "no numbers", "baseline_checkpoint": "no numbers", "slo": "input",
+            "workload": "input", "device": "no numbers", "price": "catalog: the hourly price and its source",
+            "offers": "measured + catalog: each configuration's rate at the SLO measured in this run, priced at the "
+                      "catalog price", "baseline": "no numbers", "gate": gate, "gated_checkpoint": "no numbers",
+            "drafting": "measured: greedy tokens with and without drafting, compared in this run",
+            "min_greedy_agreement": "input", "predicted_devices": "predicted + catalog: roofline rates at the SLO's "
+            "TPOT on catalog devices, priced at catalog prices", "chosen": "no numbers",
+            "gate_basis": "no numbers", "safe": f"{self.gate_basis} + measured: read from the evidence (the gate; "
+            "drafting's greedy tokens compared in this run)", "evidence": f"{self.gate_basis} + measured"}

@@ -37,6 +37,11 @@ INPUT_LEN, OUTPUT_LEN = 32, 16
 RATES = (10.0, 20.0, 40.0, 80.0, 160.0, 320.0)
 TTFT_TOLERANCE, RATE_TOLERANCE = 0.02, 0.03
 STEM = "capacity"
+#: How each field of the capacity report is known (see :func:`helpers.artifacts.check_basis`).
+BASIS = {"date": "no numbers", "calibration": "input", "input_len": "input", "output_len": "input", "rates": "input",
+         "duration_s": "input", "ttft_tolerance": "input", "rate_tolerance": "input", "retries": "input",
+         "tools": "no numbers", "versions": "no numbers", "notes": "no numbers", "elapsed_s": "measured",
+         "steps": "measured: each tool's records against the calibration server's own", "capacity": "measured"}
 
 
 @dataclass
@@ -248,6 +253,6 @@ def write_report(out: Path, rep: dict[str, Any], prov: dict[str, Any] | None) ->
     """``capacity.md``, ``.json``, ``.html`` and the chart's PNG in ``out``."""
     chart = _chart(rep)
     return artifacts.write(out, STEM, title="Client capacity against the calibration server",
-                           markdown=render_markdown(rep), data=rep,
+                           markdown=render_markdown(rep), data=rep, basis=BASIS,
                            charts={"TTFT error against offered chunk rate": chart} if chart is not None else {},
                            provenance=prov)

@@ -244,4 +244,6 @@ def write_report(out: Path, rep: dict[str, Any], prov: dict[str, Any] | None) ->
     """``report.md``, ``report.json``, ``report.html`` and the charts' PNGs in ``out``; returns their paths."""
     tools = ", ".join(LABELS[t] for t in rep["tools"])
     return artifacts.write(out, STEM, title=f"Side by side: {tools}", markdown=render_markdown(rep), data=rep,
+                           basis="measured: each tool's records of the same requests in this run, the server's own "
+                                 "record beside them (settings, versions and sources are named as they ran)",
                            charts=charts(rep), provenance=prov)

@@ -128,6 +128,14 @@ def _ci(ci: tuple[float, float] | None) -> str:
     return f"[{ci[0]:,.0f}, {ci[1]:,.0f}] ms" if ci else "n/a"
 
 
+#: How each field of the Phase 2 benchmark report is known (see :func:`helpers.artifacts.check_basis`).
+REPORT_BASIS = {
+    "title": "no numbers", "p99_ttft_target_ms": "input", "slo": "input", "workload": "input",
+    "hardware": "no numbers", "versions": "no numbers", "python": "no numbers", "notes": "no numbers",
+    "verdict": "measured: read from the configurations' searches", "configs": "measured: each configuration's "
+    "rate search in this run (its probes' records are in the run folder)",
+}
+
 @dataclass
 class BenchmarkReport:
     """Several :class:`ConfigResult` at one target, with the hardware, versions and workload.
@@ -188,4 +196,5 @@ class BenchmarkReport:
         """Write ``<stem>.md``, ``.json`` and ``.html`` (charts as PNGs, no network needed); returns the paths
         (see :func:`helpers.artifacts.write`)."""
         return artifacts.write(directory, stem, title=self.title, markdown=self.to_markdown(), data=self.as_dict(),
+                               basis=REPORT_BASIS,
                                charts=charts, provenance=provenance)

@@ -18,6 +18,14 @@ from .roofline import decode_step_time, prefill_time
 __all__ = ["Prediction", "SizingSheet", "predict_sheet", "plan_sheet"]
 
 
+#: How each field of a Sizing Sheet is known (see :func:`helpers.artifacts.check_basis`).
+SHEET_BASIS = {
+    "model": "no numbers", "hardware": "input: the device the rows are computed for (its rates: see the rows' sources)",
+    "context": "input", "weight_dtype": "input", "kv_dtype": "input", "notes": "no numbers",
+    "rows": "predicted + measured: each row's prediction, and where this run measured it, the measurement and error",
+}
+
+
 @dataclass(frozen=True)
 class Prediction:
     """One row of the sheet: a predicted value, and the measured one once the lab has it.
@@ -187,7 +195,7 @@ class SizingSheet:
         """Write the sheet as ``sizing_sheet.md``, ``.json`` and ``.html`` (with ``charts`` as PNGs and
         ``provenance``) into ``directory``; returns the paths (see :func:`helpers.artifacts.write`)."""
         return artifacts.write(directory, stem, title=f"Sizing Sheet: {self.model}", markdown=self.to_markdown(),
-                               data=self.as_dict(), charts=charts, provenance=provenance)
+                               data=self.as_dict(), basis=SHEET_BASIS, charts=charts, provenance=provenance)
 
 
 def predict_sheet(
