@@ -22,7 +22,7 @@ from typing import Any
 
 import aiohttp
 
-from ..endpoint import auth_headers
+from ..endpoint import Endpoint, auth_headers
 from .records import Request, RequestResult, Timings
 
 __all__ = ["ClientConfig", "StreamParser", "build_payload", "send", "make_session", "list_models", "server_alive",
@@ -31,30 +31,39 @@ __all__ = ["ClientConfig", "StreamParser", "build_payload", "send", "make_sessio
 
 @dataclass
 class ClientConfig:
-    """How requests are sent: where, which model, sampling, timeouts and vLLM's extra parameters.
+    """How requests are sent: where (an :class:`~helpers.endpoint.Endpoint`: the OpenAI base URL ending in ``/v1``,
+    its key, the model), sampling, timeouts and vLLM's extra parameters.
 
-    ``base_url`` is the OpenAI base URL ending in ``/v1``. ``vllm_extras`` sends ``ignore_eos`` and
-    ``min_tokens`` to fix output lengths (vLLM accepts them; other servers may refuse them).
-    ``timeout_s`` bounds a whole request.
+    ``vllm_extras`` sends ``ignore_eos`` and ``min_tokens`` to fix output lengths (vLLM accepts them; other servers
+    may refuse them). ``timeout_s`` bounds a whole request.
 
     Introduced in lab 02 (Prefill and Decode).
     """
 
-    base_url: str
-    model: str
-    api_key: str | None = None
+    endpoint: Endpoint
     temperature: float = 0.0
     timeout_s: float = 600.0
     vllm_extras: bool = True
     extra_body: dict[str, Any] = field(default_factory=dict)
     request_id_header: str = "X-Bench-Request-Id"
 
+    @property
+    def base_url(self) -> str:
+        return self.endpoint.base_url
+
+    @property
+    def model(self) -> str:
+        return str(self.endpoint.model)
+
+    @property
+    def api_key(self) -> str | None:
+        return self.endpoint.api_key
+
     def url(self, endpoint: str) -> str:
-        root = self.base_url.rstrip("/")
-        return f"{root}/chat/completions" if endpoint == "chat" else f"{root}/completions"
+        return f"{self.base_url}/chat/completions" if endpoint == "chat" else f"{self.base_url}/completions"
 
     def headers(self) -> dict[str, str]:
-        return {"Content-Type": "application/json", **auth_headers(self.api_key)}
+        return {"Content-Type": "application/json", **self.endpoint.headers}
 
 
 def build_payload(req: Request, cfg: ClientConfig) -> dict[str, Any]:

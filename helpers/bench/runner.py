@@ -77,7 +77,8 @@ def in_notebook() -> bool:
 # ---------------------------------------------------------------------------------------- target
 @dataclasses.dataclass
 class Target:
-    """Where a benchmark sends: the OpenAI base URL, the served model, its key, and what the server loaded.
+    """Where a benchmark sends (an :class:`~helpers.endpoint.Endpoint`: the OpenAI base URL, its key and the served
+    model) and what the server loaded.
 
     ``model_path`` is the folder or hub id the server loaded (``/v1/models``' ``root``): the tokenizer that
     counts this server's tokens. ``max_model_len`` bounds prompt + output.
@@ -85,11 +86,21 @@ class Target:
     Introduced in lab 02 (Prefill and Decode).
     """
 
-    base_url: str
-    model: str
-    api_key: str | None = None
+    endpoint: Endpoint
     model_path: str | None = None
     max_model_len: int | None = None
+
+    @property
+    def base_url(self) -> str:
+        return self.endpoint.base_url
+
+    @property
+    def model(self) -> str:
+        return str(self.endpoint.model)
+
+    @property
+    def api_key(self) -> str | None:
+        return self.endpoint.api_key
 
 
 def target_of(server: Any, model: str | None = None, api_key: str | None = None) -> Target:
@@ -120,8 +131,7 @@ def target_of(server: Any, model: str | None = None, api_key: str | None = None)
     if card is None:
         raise RuntimeError(f"{url} does not serve {model!r}; it serves {', '.join(c['id'] for c in cards)}")
     path = getattr(server, "model_path", None) or card.get("root") or card.get("id")
-    return Target(base_url=url, model=card["id"], api_key=api_key, model_path=path,
-                  max_model_len=card.get("max_model_len"))
+    return Target(Endpoint(url, api_key, card["id"]), model_path=path, max_model_len=card.get("max_model_len"))
 
 
 # ------------------------------------------------------------------------------ reconciliation
@@ -358,8 +368,7 @@ def run(
         out = not notebook
     out_dir = None if out is False else (_default_out(arrivals) if out is True else Path(out))
     folder = RunFolder(out_dir) if out_dir is not None else None
-    cfg = ClientConfig(base_url=target.base_url, model=target.model, api_key=target.api_key,
-                       temperature=temperature, timeout_s=timeout_s, vllm_extras=vllm_extras,
+    cfg = ClientConfig(target.endpoint, temperature=temperature, timeout_s=timeout_s, vllm_extras=vllm_extras,
                        extra_body=dict(extra_body or {}))
     spec = workload if isinstance(workload, WorkloadSpec) else None
     config: dict[str, Any] = {
