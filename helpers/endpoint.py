@@ -19,7 +19,7 @@ from typing import Any
 
 import httpx
 
-__all__ = ["Endpoint", "Listener", "auth_headers"]
+__all__ = ["Endpoint", "Listener", "SendsTo", "auth_headers"]
 
 
 def auth_headers(api_key: str | None) -> dict[str, str]:
@@ -82,3 +82,25 @@ class Listener:
     @property
     def base_url(self) -> str:
         return f"{self.url}/v1"
+
+
+class SendsTo:
+    """What sends requests to an :class:`Endpoint` (its ``endpoint`` field: a benchmark's target, the client's
+    configuration): the endpoint's base URL, model and key, read through it rather than kept again.
+
+    Introduced in lab 02 (Prefill and Decode).
+    """
+
+    endpoint: Endpoint
+
+    @property
+    def base_url(self) -> str:
+        return self.endpoint.base_url
+
+    @property
+    def model(self) -> str:
+        return str(self.endpoint.model)
+
+    @property
+    def api_key(self) -> str | None:
+        return self.endpoint.api_key

@@ -22,7 +22,7 @@ from typing import Any
 
 import aiohttp
 
-from ..endpoint import Endpoint, auth_headers
+from ..endpoint import Endpoint, SendsTo, auth_headers
 from .records import Request, RequestResult, Timings
 
 __all__ = ["ClientConfig", "StreamParser", "build_payload", "send", "make_session", "list_models", "server_alive",
@@ -30,7 +30,7 @@ __all__ = ["ClientConfig", "StreamParser", "build_payload", "send", "make_sessio
 
 
 @dataclass
-class ClientConfig:
+class ClientConfig(SendsTo):
     """How requests are sent: where (an :class:`~helpers.endpoint.Endpoint`: the OpenAI base URL ending in ``/v1``,
     its key, the model), sampling, timeouts and vLLM's extra parameters.
 
@@ -46,18 +46,6 @@ class ClientConfig:
     vllm_extras: bool = True
     extra_body: dict[str, Any] = field(default_factory=dict)
     request_id_header: str = "X-Bench-Request-Id"
-
-    @property
-    def base_url(self) -> str:
-        return self.endpoint.base_url
-
-    @property
-    def model(self) -> str:
-        return str(self.endpoint.model)
-
-    @property
-    def api_key(self) -> str | None:
-        return self.endpoint.api_key
 
     def url(self, endpoint: str) -> str:
         return f"{self.base_url}/chat/completions" if endpoint == "chat" else f"{self.base_url}/completions"

@@ -35,7 +35,7 @@ from typing import Any, Callable
 import httpx
 
 from .. import provenance, settings
-from ..endpoint import Endpoint
+from ..endpoint import Endpoint, SendsTo
 from ..metrics import ServerView
 from ..progress import Bar as ProgressBar
 from .arrivals import Arrivals, Synchronous
@@ -76,7 +76,7 @@ def in_notebook() -> bool:
 
 # ---------------------------------------------------------------------------------------- target
 @dataclasses.dataclass
-class Target:
+class Target(SendsTo):
     """Where a benchmark sends (an :class:`~helpers.endpoint.Endpoint`: the OpenAI base URL, its key and the served
     model) and what the server loaded.
 
@@ -89,18 +89,6 @@ class Target:
     endpoint: Endpoint
     model_path: str | None = None
     max_model_len: int | None = None
-
-    @property
-    def base_url(self) -> str:
-        return self.endpoint.base_url
-
-    @property
-    def model(self) -> str:
-        return str(self.endpoint.model)
-
-    @property
-    def api_key(self) -> str | None:
-        return self.endpoint.api_key
 
 
 def target_of(server: Any, model: str | None = None, api_key: str | None = None) -> Target:
