@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import procs
+from ..endpoint import Listener
 
 __all__ = ["CalibrationConfig", "CalibrationServer", "serve", "supervise", "build_app"]
 
@@ -586,7 +587,7 @@ def _child_setup() -> None:
 
 
 # ------------------------------------------------------------------------- context manager
-class CalibrationServer:
+class CalibrationServer(Listener):
     """The calibration server in a subprocess on a free 127.0.0.1 port, stopped on exit.
 
     ``CalibrationServer(ttft_s=0.05, tpot_s=0.01)`` takes :class:`CalibrationConfig` fields (or
@@ -598,6 +599,8 @@ class CalibrationServer:
 
     Introduced in lab 10 (Load Testing Honestly).
     """
+
+    host = "127.0.0.1"  # it binds here only
 
     def __init__(self, config: CalibrationConfig | None = None, startup_timeout_s: float = 30.0,
                  use_uvloop: bool = True, **overrides: Any):
@@ -618,14 +621,6 @@ class CalibrationServer:
     @property
     def model(self) -> str:
         return self.config.model
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def base_url(self) -> str:
-        return f"{self.url}/v1"
 
     def start(self) -> "CalibrationServer":
         self.port = procs.free_port()
