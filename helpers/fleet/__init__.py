@@ -32,6 +32,8 @@ The live fleet runs on this machine with the same pieces a cluster uses::
 - :mod:`~helpers.fleet.replicas`: replicas of a profile, each with its share of the device.
 - :mod:`~helpers.fleet.router`: vllm-router with a policy, workers added and removed live.
 - :mod:`~helpers.fleet.prometheus`: a Prometheus process on the generated files; instant and range queries.
+- :mod:`~helpers.fleet.gateway`: nginx in front of the replicas: API keys, closed paths, a per-key rate limit, a
+  weighted canary and its rollback by reload.
 - :mod:`~helpers.fleet.routing`: what round-robin and cache-aware routing do to each replica's prefix cache,
   predicted by simulating its blocks.
 - :mod:`~helpers.fleet.autoscaler`: the queue rule and a loop that scales out through the router, timed.
@@ -44,12 +46,13 @@ Every process is a :class:`helpers.procs.Proc`: stopped on exit, on error, and b
 """
 
 from . import experts, postmortem
+from .gateway import Gateway
 from .autoscaler import QueueAutoscaler, QueueRule, ScaleOut, decide
 from .prometheus import Prometheus
 from .replicas import parallel_slots, replica_env, start_replica, start_replicas, stop_replicas, tp_env
 from .router import Router
 from .routing import RoutingPrediction, RoutingRun, measure_routing, predict_routing, routing_trace
 
-__all__ = ["Router", "Prometheus", "QueueAutoscaler", "QueueRule", "ScaleOut", "decide", "start_replica", "start_replicas",
+__all__ = ["Router", "Prometheus", "Gateway", "QueueAutoscaler", "QueueRule", "ScaleOut", "decide", "start_replica", "start_replicas",
            "stop_replicas", "replica_env", "tp_env", "parallel_slots", "routing_trace", "predict_routing", "RoutingPrediction", "measure_routing",
            "RoutingRun"]

@@ -157,7 +157,7 @@ def servers_on_card(p: runtime.Profile, servers: list[dict[str, Any]], together:
 #: ``check``: ``module:NAME`` (importable), ``exe:NAME`` (on PATH or beside this Python), ``npm`` (the CRD schemas
 #: under .npm-fleet/ and node), ``quant:MODULE`` (importable by the phase 3 environment's Python).
 _FLEET = {"make setup": "requirements-fleet.txt", "colab": "scripts/colab_setup.py (requirements-fleet.txt)"}
-_APT = {"make setup": "scripts/install_tools.sh (apt-get install prometheus)",
+_APT = {"make setup": "scripts/install_tools.sh (apt-get install prometheus nginx)",
         "colab": "scripts/colab_setup.py runs scripts/install_tools.sh (apt-get, as root)"}
 _QUANT = {"make setup": ".venv-quant (requirements-quant.txt)",
           "colab": "built on first use (scripts/colab_setup.py --quant-env)"}
@@ -170,6 +170,8 @@ TOOLS: dict[str, dict[str, str]] = {
     "vllm-router": {"check": "exe:vllm-router", "for": "routing between replicas (cache-aware, P/D)", **_FLEET},
     "prometheus": {"check": "exe:prometheus", "for": "scraping the fleet and evaluating alerts", **_APT},
     "promtool": {"check": "exe:promtool", "for": "checking Prometheus config and rules", **_APT},
+    "nginx": {"check": "exe:nginx", "for": "the gateway: API keys, per-key rate limits, a canary and its rollback",
+              **_APT},
     "crd-schemas": {"check": "npm", "for": "validating KEDA, Gateway API and Prometheus Operator objects offline",
                     "make setup": "scripts/install_tools.sh (npm into .npm-fleet/)",
                     "colab": "scripts/colab_setup.py runs scripts/install_tools.sh (npm into .npm-fleet/)"},
