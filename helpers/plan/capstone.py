@@ -7,7 +7,8 @@ from typing import Any
 
 from .. import runtime, sizing
 from . import resources as res
-from .core import GPU_OVERHEAD_GIB, fits_context, geometric, gpu, gpu_fit, model_config, register
+from .core import GPU_OVERHEAD_GIB, fits_context, fleet_model, geometric, gpu, gpu_fit, model_config, register
+from .phase4 import _model_download
 
 # ------------------------------------------------------------------------------------------ capstone
 @register("24")
@@ -34,6 +35,15 @@ def _lab24(p: runtime.Profile, quick: bool) -> dict[str, Any]:
     # The planted fault: a KV pool just over one max_model_len request (lab 06's), so a few requests fill it.
     small_kv = int(1.15 * sizing.kv_bytes_for_context(model_config(p), max_len))
     small_tokens = int(1.15 * max_len)
+    # Operate: the gateway's baseline replica and its canary run side by side, each at half the card on a GPU (the
+    # design's server, at the profile's utilization, is stopped first); on a CPU each sizes its KV pool in RAM.
+    # Where two copies of the profile's model do not share the card (an 8B on an L4), both serve the fleet labs' model.
+    operate_util = round(p.utilization / 2, 2) if gpu(p) else None
+    model = fleet_model(p)
+    operate = {**({"model": model} if model != p.model else {}),
+               **({} if operate_util is None else {"gpu_memory_utilization": operate_util})}
+    servers = [res.server(name, p, max_len, utilization=operate_util, model=model)
+               for name in ("baseline replica", "canary replica")]
     return {"max_model_len": max_len, "max_request_tokens": request,
             "min_gpu_memory_utilization": p.utilization if gpu(p) else None, "min_run_s": 0.0,
             "values": {"shared_prefix": shared, "unique": unique, "output": out,
@@ -47,8 +57,19 @@ def _lab24(p: runtime.Profile, quick: bool) -> dict[str, Any]:
                        # (measured: float32 on an AVX2 EPYC decodes ~70 ms per token alone; this AMX-less AVX-512
                        # machine, bf16: p99 TTFT 512 ms and TPOT 36 ms at 4 in flight)
                        "slo": {"ttft_p99_ms": 800.0, "tpot_p99_ms": 40.0} if gpu(p) else
-                       {"ttft_p99_ms": 4000.0, "tpot_p99_ms": 250.0}},
-            "tools": res.tools("PyYAML"),
+                       {"ttft_p99_ms": 4000.0, "tpot_p99_ms": 250.0},
+                       # Operate (lab 24's gateway): enough requests through it that nginx's weighted round-robin
+                       # puts the canary's share within a point of the configured one (one request in 100), each short
+                       # on a CPU; the candidate is the first of these this device serves (helpers.support decides)
+                       "operate_engine": operate, "canary_percent": 20,
+                       "gateway_requests": 200 if gpu(p) else 100, "gateway_output": out if gpu(p) else 8,
+                       "gateway_concurrency": concurrencies[-1] if gpu(p) else 8,
+                       "canary_candidates": [{"kv_cache_dtype": "fp8"},
+                                             {"speculative_config": {"method": "ngram", "num_speculative_tokens": 3,
+                                                                     "prompt_lookup_max": 4, "prompt_lookup_min": 2}}],
+                       "rate_limit": {"per_second": 5, "burst": 5}, "rate_probe_requests": 40},
+            "servers": servers, "disk_bytes": res.disk(*_model_download(p, model)),
+            "tools": res.tools("PyYAML", "nginx"),
             "checks": [fits_context(request, max_len, "a request of the scaled workload"),
                        {"claim": f"the planted small KV pool (~{small_tokens:,} tokens) holds fewer than "
                                  f"{fault_concurrency} requests of {request:,} tokens, so the fault shows",

@@ -5,13 +5,16 @@ measurements (how they are run: tests/checks/harness.py).
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pandas as pd
 
 from helpers import plan, sizing
-from tests.checks.harness import NOTEBOOKS, PHASES, Doctor, checks_for, lab, set_value
+from helpers.fleet import gateway
+from tests.checks.harness import NOTEBOOKS, PHASES, Doctor, checks_for, lab, make_records, set_value
 
 
 # ================================================================================================== lab 24
@@ -20,6 +23,40 @@ _PLANTED_24 = {"memory.kv": "a KV pool just over one request", "ttft.prefix_cach
 
 def _cmp24(ns, row: str, column: str, value: Any) -> None:
     ns["compare"].loc[row, column] = value
+
+
+_BASE, _CAND = "127.0.0.1:8101", "127.0.0.1:8102"
+
+
+def _gateway_24() -> dict[str, Any]:
+    """The operate section's raw measurements, as the lab's gateway logs them on the cpu profile (quick plan: 100
+    requests at 8 in flight through a 20% canary; bench's GET /v1/models first takes a slot of nginx's round-robin)."""
+    route = gateway.Route([f"http://{_BASE}"], [f"http://{_CAND}"], canary_percent=20)
+
+    def logged(records, t0, first=0, reload=None):
+        out = []
+        for i, r in enumerate(records):
+            started = t0 + i * 0.125
+            after = reload is not None and started >= reload
+            upstream = _BASE if after or (first + i) % 5 != 4 else _CAND
+            out.append(gateway.GatewayRecord(started + 0.9, 0.9, 200, "alice", upstream, "/v1/completions", r.id))
+        return out
+
+    canary = make_records(100, rate=8, ttft_ms=350, tpot_ms=70, output_tokens=8, t0=2000.0)
+    models = gateway.GatewayRecord(1999.9, 0.002, 200, "alice", _BASE, "/v1/models")
+    rollback = make_records(100, rate=8, ttft_ms=350, tpot_ms=70, output_tokens=8, t0=2020.0)
+    t_reload = 2026.27  # halfway into the rollback run; the last request to the canary started 0.4 s before it
+    return dict(route=route, canary_log=[models] + logged(canary, 2000.0, first=1),
+                rollback_log=[models] + logged(rollback, 2020.0, first=2, reload=t_reload),
+                canary_run=SimpleNamespace(records=canary), rollback_run=SimpleNamespace(records=rollback),
+                reload_at=[t_reload], CANARY_PERCENT=20, limit=gateway.RateLimit(per_second=5, burst=5),
+                probes={"/v1/models, no key": 401, "/metrics, no key": 401, "/metrics, with a key": 404,
+                        "/tokenize, with a key": 404, "/metrics on the replica itself": 200},
+                rate_codes=[200] * 7 + [429] * 33, rate_span=0.31, gateway=gateway)
+
+
+def _relog(ns, key: str, i: int, **changes: Any) -> None:
+    ns[key][i] = dataclasses.replace(ns[key][i], **changes)
 
 
 @lab("24",
@@ -51,6 +88,22 @@ def _cmp24(ns, row: str, column: str, value: Any) -> None:
             lambda ns: set_value(ns["design"], 1, "req/s", 0.30), 'misconceptions.loc[misconceptions["source"]'),
      Doctor("the weights streamed faster than memory can (TPOT misread in seconds as ms)",
             lambda ns: ns.__setitem__("bw_used", 538e6 / 0.0512e-3), "0 < bw_used <= bw_ceiling"),
+     Doctor("the gateway answered a request without a key", lambda ns: ns["probes"].update({"/v1/models, no key": 200}),
+            'probes["/v1/models, no key"] == 401'),
+     Doctor("/metrics open through the gateway", lambda ns: ns["probes"].update({"/metrics, with a key": 200}),
+            'probes["/metrics, with a key"] == 404'),
+     Doctor("the rate limit refused nothing", lambda ns: ns.__setitem__("rate_codes", [200] * 40), "rate_refused > 0"),
+     Doctor("the limit admitted twice what the bucket allows",
+            lambda ns: ns.__setitem__("rate_codes", [200] * 14 + [429] * 26), "rate_refused > 0"),
+     Doctor("the canary took a third of the traffic",
+            lambda ns: [_relog(ns, "canary_log", i, upstream=_CAND) for i in range(2, 101, 7)], "abs(canary_share"),
+     Doctor("a request failed across the rollback",
+            lambda ns: setattr(ns["rollback_run"].records[50], "ok", False), "lost == 0"),
+     Doctor("the gateway answered 502 during the reload", lambda ns: _relog(ns, "rollback_log", 51, status=502),
+            "lost == 0"),
+     Doctor("a request the client sent never reached the gateway", lambda ns: ns["rollback_log"].pop(60), "lost == 0"),
+     Doctor("the candidate still took a request 3 s after the reload",
+            lambda ns: _relog(ns, "rollback_log", 75, upstream=_CAND), "candidate_free_s < 1.0"),
      )
 def lab_24(tmp: Path) -> dict[str, Any]:
     # Lab 24's run on the cpu profile (quick plan: 256 shared + 64 unique -> 32, 6 in flight for the doctor, 12
@@ -82,7 +135,7 @@ def lab_24(tmp: Path) -> dict[str, Any]:
     tp_pred = pd.DataFrame([{"TP": 2, "step (ms)": 26.28, "tok/s per GPU": 304.4},   # the 70B FP8 design at batch 16
                             {"TP": 4, "step (ms)": 17.23, "tok/s per GPU": 232.1},   # (the lab's formula, computed)
                             {"TP": 8, "step (ms)": 17.51, "tok/s per GPU": 114.2}]).set_index("TP")
-    return dict(compare=compare, PLANTED=dict(_PLANTED_24), found_before={"ttft.queue", "ttft.prefix_cache", "memory.kv"},
+    return dict(**_gateway_24(), compare=compare, PLANTED=dict(_PLANTED_24), found_before={"ttft.queue", "ttft.prefix_cache", "memory.kv"},
                 found_after=set(), predicted_hit=predicted_hit, design=design, data=data, fit=fit,
                 bw_used=538e6 / 0.0512, bw_ceiling=16.8e9, tp_pred=tp_pred,
                 q_first=None, q_base=None, q_safe=[], spec_rows=[], base_row=None, pd=pd,
