@@ -36,7 +36,7 @@ from .health import ClientLimits, LoopHealth
 from .lengths import Histogram, LengthDist, Normal, Uniform, VariableLength, parse_length
 from .records import Request, RequestResult, Timings, chunk_gaps, itl_values
 from .report import BenchmarkReport, ConfigResult
-from .runner import Target, choose_workers, reconcile, run, target_of
+from .runner import Target, choose_workers, reconcile, run, stall_load, stall_pacing, target_of, together
 from .search import Capacity, MaxRateResult, Probe, Remeasure, SweepResult, capacity, find_max_rate, sweep
 from .stats import (SLO, Comparison, Distribution, Goodput, Latencies, Summary, Window, bootstrap_quantile,
                     metric_values, pooled_itl_median, quantile_with_ci, steady_state_window, summarize,
@@ -58,7 +58,7 @@ __all__ = [
     # client
     "ClientConfig", "StreamParser", "build_payload", "ClientLimits", "LoopHealth",
     # running and saved runs
-    "run", "Target", "target_of", "reconcile", "choose_workers", "RunResult", "RunFolder", "load_run", "records_of",
+    "run", "together", "stall_load", "stall_pacing", "Target", "target_of", "reconcile", "choose_workers", "RunResult", "RunFolder", "load_run", "records_of",
     # static batching, for comparison; reading a measured curve
     "static_batches", "with_output_lengths", "decode_steps_ms", "interpolate",
     # searches

@@ -28,9 +28,11 @@ import math
 import os
 import shlex
 import sys
+import threading
+import time
 import uuid
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import httpx
 
@@ -38,16 +40,17 @@ from .. import provenance, settings
 from ..endpoint import Endpoint, SendsTo
 from ..metrics import ServerView
 from ..progress import Bar as ProgressBar
-from .arrivals import Arrivals, Synchronous
+from .arrivals import Arrivals, Concurrent, ConstantRate, Synchronous
 from .client import ClientConfig
 from .harness import Harness, Supply
 from .health import ClientLimits, client_report, judge
 from .records import Request, RequestResult
 from .stats import SLO, metric_values, summarize
 from .store import RunFolder, RunResult
-from .workloads import Workload, WorkloadSpec
+from .workloads import FixedLength, Workload, WorkloadSpec
 
-__all__ = ["run", "reconcile", "Target", "target_of", "in_notebook", "choose_workers", "WORKER_CHUNKS_PER_S",
+__all__ = ["run", "together", "stall_load", "stall_pacing", "reconcile", "Target", "target_of", "in_notebook",
+           "choose_workers", "WORKER_CHUNKS_PER_S",
            "STREAM_CHUNKS_PER_S"]
 
 #: Token-carrying chunks per second planned per sending process: about half of what one core parses.
@@ -507,3 +510,74 @@ def _gauges_relative(rows: list[dict[str, float]], perf_anchor: float, wall_anch
         g["wall"] = row["t"]
         out.append({k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in g.items()})
     return out
+
+
+def together(*runs: Callable[[], Any], delays_s: Sequence[float] = ()) -> list[Any]:
+    """Several loads on the same server at once: each callable (a :func:`run` call) in its own thread, the ``i``-th
+    started ``delays_s[i]`` seconds after the first; their results in order. If one raises, the others still finish
+    and the first error is raised then (nothing is left sending).
+
+    ::
+
+        decode, prompts = bench.together(lambda: bench.run(decoders, bench.Concurrent(4), base_url=srv, ...),
+                                         lambda: bench.run(long_prompts, bench.ConstantRate(0.5), base_url=srv, ...),
+                                         delays_s=(0, 1.0))
+
+    Introduced in lab 08 (Chunked Prefill).
+    """
+    delays = list(delays_s) + [0.0] * (len(runs) - len(delays_s))
+    if len(delays) != len(runs) or any(d < 0 for d in delays):
+        raise ValueError(f"{len(runs)} runs need at most {len(runs)} delays, none negative; got {list(delays_s)}")
+    results: list[Any] = [None] * len(runs)
+    errors: list[BaseException | None] = [None] * len(runs)
+    start = time.monotonic()
+
+    def go(i: int) -> None:
+        time.sleep(max(0.0, start + delays[i] - time.monotonic()))
+        try:
+            results[i] = runs[i]()
+        except BaseException as e:  # re-raised in the caller's thread below
+            errors[i] = e
+
+    threads = [threading.Thread(target=go, args=(i,), name=f"bench.together-{i}") for i in range(len(runs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    first = next((e for e in errors if e is not None), None)
+    if first is not None:
+        raise first
+    return results
+
+
+def stall_load(target: Any, *, decoders: int, decode_output: int, long_prompt: int, long_prompts: int,
+               every_s: float, lead_s: float, seed: int, decode_input: int = 64, **run_kwargs: Any) -> dict[str, Any]:
+    """The traffic that makes streams stall: ``decoders`` steady streams of ``decode_output`` tokens, joined after
+    ``lead_s`` by ``long_prompts`` prompts of ``long_prompt`` tokens, one every ``every_s`` seconds. Returns both
+    runs, ``{"decode": ..., "prompts": ...}``: the decoders' gaps between tokens show each long prefill.
+
+    Introduced in lab 08 (Chunked Prefill).
+    """
+    decode, prompts = together(
+        lambda: run(FixedLength(input_len=decode_input, output_len=decode_output, endpoint="completions"),
+                    Concurrent(decoders), base_url=target, num_requests=decoders, seed=seed, **run_kwargs),
+        lambda: run(FixedLength(input_len=long_prompt, output_len=8, endpoint="completions"),
+                    ConstantRate(1 / every_s), base_url=target, num_requests=long_prompts, seed=seed + 1, **run_kwargs),
+        delays_s=(0, lead_s))
+    return {"decode": decode, "prompts": prompts}
+
+
+def stall_pacing(t_prefill_ms: float, t_step_ms: float, *, long_prompts: int, lead_s: float, spacing: float = 2.0,
+                 max_output: int, min_every_s: float = 0.0, min_output: int = 0) -> tuple[float, int]:
+    """How far apart :func:`stall_load`'s long prompts come, and how long its decoders run, from two measurements:
+    a long prompt's prefill alone (``t_prefill_ms``) and a decode step of the decoders (``t_step_ms``). The prompts
+    come ``spacing`` prefills apart (each is prefilled before the next arrives, so no queue between them adds to
+    their TTFT); the decoders outlast the last one. Returns ``(every_s, decode_output)``, at least the floors given.
+
+    Introduced in lab 08 (Chunked Prefill).
+    """
+    if t_prefill_ms <= 0 or t_step_ms <= 0:
+        raise ValueError(f"a prefill ({t_prefill_ms} ms) and a decode step ({t_step_ms} ms) must be measured (> 0)")
+    every_s = max(min_every_s, spacing * t_prefill_ms / 1000)
+    output = max(min_output, min(max_output, math.ceil((lead_s + long_prompts * every_s) * 1000 / t_step_ms)))
+    return every_s, int(output)

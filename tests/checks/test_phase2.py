@@ -324,7 +324,7 @@ def lab_08(tmp: Path) -> dict[str, Any]:
     # lab's derive cells compute the predicted stalls, the pacing, the table, the trace's predictions and hol.
     ns: dict[str, Any] = dict(BUDGETS=[2048, 256], LONG_PROMPT=1843, DECODERS=4, DECODE_OUTPUT=240, LONG_PROMPTS=3,
                               PROMPT_EVERY_S=2.5, LEAD_S=1.0, HOL={"long": 1024, "short": 64, "cap": 64, "pairs": 3},
-                              PLAN=plan.lab("08", "cpu", quick=True), math=math, pd=pd)
+                              PLAN=plan.lab("08", "cpu", quick=True), math=math, pd=pd, bench=bench)
     ns["alone"] = make_run(completed=2, ttft_ms=make_dist(2, p50=6307.0))
     ns["step"] = make_run(completed=4, itl_ms=make_dist(124, p50=80.0))
     ns["loads"] = {2048: _load08(68.0, 187.0, 6145.0, 37.0, 17, 5835.0, 6312.0),
