@@ -37,6 +37,17 @@ def _lab24(p: runtime.Profile, quick: bool) -> dict[str, Any]:
     small_tokens = int(1.15 * max_len)
     # Operate: the gateway's baseline replica and its canary run side by side, each at half the card on a GPU (the
     # design's server, at the profile's utilization, is stopped first); on a CPU each sizes its KV pool in RAM.
+    # Check question 3: steady decoders joined by long prompts on the design's server, whose token budget holds a whole
+    # long prompt, so each prefill stalls every stream for one long step (lab 08's traffic). The lab paces it from two
+    # measurements (bench.stall_pacing): the prompts 1.5 prefills apart, the decoders outlasting them. A stream then
+    # stalls once per spacing x prefill / step tokens, so the prompt is kept short enough (half the context on a CPU,
+    # where a 768-token prefill took 27 decode steps here) that the stalls are more than 1% of the gaps: the p99 the
+    # doctor reads lands on them.
+    budget = int(p.engine_args.get("max_num_batched_tokens", 2048))
+    decoders = min(32, fault_concurrency) if gpu(p) else 4  # on a GPU, as many as the card holds (lab 08's 32 at most)
+    stall = {"decoders": decoders, "long_prompts": 4, "spacing": 1.5, "lead_s": 0.2 if gpu(p) else 0.5,
+             "long_prompt": min(budget - 2 * decoders, int((0.75 if gpu(p) else 0.5) * max_len)) // 16 * 16,
+             "max_output": min(max_len - 72, 1024)}
     # Where two copies of the profile's model do not share the card (an 8B on an L4), both serve the fleet labs' model.
     operate_util = round(p.utilization / 2, 2) if gpu(p) else None
     model = fleet_model(p)
@@ -67,13 +78,18 @@ def _lab24(p: runtime.Profile, quick: bool) -> dict[str, Any]:
                        "canary_candidates": [{"kv_cache_dtype": "fp8"},
                                              {"speculative_config": {"method": "ngram", "num_speculative_tokens": 3,
                                                                      "prompt_lookup_max": 4, "prompt_lookup_min": 2}}],
-                       "rate_limit": {"per_second": 5, "burst": 5}, "rate_probe_requests": 40},
+                       "rate_limit": {"per_second": 5, "burst": 5}, "rate_probe_requests": 40, "stall": stall},
             "servers": servers, "disk_bytes": res.disk(*_model_download(p, model)),
             "tools": res.tools("PyYAML", "nginx"),
             "checks": [fits_context(request, max_len, "a request of the scaled workload"),
+                       fits_context(stall["long_prompt"] + 8, max_len, "check question 3's long prompt"),
+                       {"claim": f"check question 3's long prompt ({stall['long_prompt']:,}) and {decoders} decoding "
+                                 f"streams fit one step of the design's budget ({budget:,}): the prefill stalls them",
+                        "ok": stall["long_prompt"] + decoders <= budget},
                        {"claim": f"the planted small KV pool (~{small_tokens:,} tokens) holds fewer than "
                                  f"{fault_concurrency} requests of {request:,} tokens, so the fault shows",
                         "ok": small_tokens < fault_concurrency * request},
-                       gpu_fit(p, p.utilization, request, max(concurrencies))]}
+                       gpu_fit(p, p.utilization, request, max(concurrencies)),
+                       gpu_fit(p, p.utilization, 64 + stall["max_output"], decoders + stall["long_prompts"])]}
 
 

@@ -14,7 +14,9 @@ import pandas as pd
 
 from helpers import plan, sizing
 from helpers.fleet import gateway
-from tests.checks.harness import NOTEBOOKS, PHASES, Doctor, checks_for, lab, make_records, set_value
+from helpers import bench
+from tests.checks.harness import (NOTEBOOKS, PHASES, Doctor, checks_for, lab, make_dist, make_records, make_run,
+                                 set_value)
 
 
 # ================================================================================================== lab 24
@@ -55,6 +57,33 @@ def _gateway_24() -> dict[str, Any]:
                 rate_codes=[200] * 7 + [429] * 33, rate_span=0.31, gateway=gateway)
 
 
+def _stall_run(itl: tuple[float, float, float], ttft_p50: float, failed: int = 0) -> dict[str, Any]:
+    p50, p99, worst = itl
+    return {"decode": make_run(completed=4, failed=failed, itl_ms=make_dist(count=544, p50=p50, p99=p99, max=worst)),
+            "prompts": make_run(completed=4, ttft_ms=make_dist(count=4, p50=ttft_p50))}
+
+
+def _stall_24() -> dict[str, Any]:
+    """Check question 3's raw measurements on the cpu profile (quick plan: a 512-token prompt, 4 decoders): the prefill
+    alone 459 ms, a decode step 24 ms, so chunks of 160 tokens; as designed the doctor named the stall (ITL p99 441 ms
+    against a 250 ms TPOT target), after each fix it found none."""
+    stall = plan.lab("24", "cpu", quick=True)["stall"]
+    finding = SimpleNamespace(check="tpot.stalls")
+    return dict(STALL=stall, TPOT_SLO_MS=250.0, bench=bench,
+                prefill_alone=make_run(completed=2, ttft_ms=make_dist(count=2, p50=459.0)),
+                decode_step=make_run(completed=4, itl_ms=make_dist(count=124, p50=24.0)),
+                stall_runs={"as designed": _stall_run((25.3, 441.1, 445.1), 473.5),
+                            "budget 164": _stall_run((25.4, 170.2, 216.4), 554.4),
+                            "long-prompt threshold 160": _stall_run((28.3, 162.6, 168.1), 532.6)},
+                stall_dx={"as designed": SimpleNamespace(findings=[finding]),
+                          "budget 164": SimpleNamespace(findings=[]),
+                          "long-prompt threshold 160": SimpleNamespace(findings=[])})
+
+
+def _worst(ns, name: str, ms: float) -> None:
+    ns["stall_runs"][name]["decode"].summary.itl_ms.max = ms
+
+
 def _relog(ns, key: str, i: int, **changes: Any) -> None:
     ns[key][i] = dataclasses.replace(ns[key][i], **changes)
 
@@ -88,6 +117,20 @@ def _relog(ns, key: str, i: int, **changes: Any) -> None:
             lambda ns: set_value(ns["design"], 1, "req/s", 0.30), 'misconceptions.loc[misconceptions["source"]'),
      Doctor("the weights streamed faster than memory can (TPOT misread in seconds as ms)",
             lambda ns: ns.__setitem__("bw_used", 538e6 / 0.0512e-3), "0 < bw_used <= bw_ceiling"),
+     Doctor("the doctor missed the planted stall", lambda ns: ns["stall_dx"]["as designed"].findings.clear(),
+            'stall_table.loc["as designed", "doctor names the stall"]'),
+     Doctor("a stream failed under the budget fix", lambda ns: setattr(
+         ns["stall_runs"]["budget 164"]["decode"].summary, "failed", 1), 'stall_table["failed"]'),
+     Doctor("the budget fix's worst gap 2.4x its prediction", lambda ns: _worst(ns, "budget 164", 400.0),
+            "between(0.5, 1.5)"),
+     Doctor("the design stalled a third as long as a whole prefill", lambda ns: _worst(ns, "as designed", 150.0),
+            "between(0.5, 1.5)"),
+     Doctor("the budget fix's worst gap above the design's", lambda ns: (_worst(ns, "as designed", 245.0),
+                                                                     _worst(ns, "budget 164", 248.0)),
+            'fixes["worst gap (ms)"] <'),
+     Doctor("the doctor still names the stall after the threshold", lambda ns: ns["stall_dx"][
+         "long-prompt threshold 160"].findings.append(SimpleNamespace(check="tpot.stalls")),
+            'not fixes["doctor names the stall"]'),
      Doctor("the gateway answered a request without a key", lambda ns: ns["probes"].update({"/v1/models, no key": 200}),
             'probes["/v1/models, no key"] == 401'),
      Doctor("/metrics open through the gateway", lambda ns: ns["probes"].update({"/metrics, with a key": 200}),
@@ -135,7 +178,8 @@ def lab_24(tmp: Path) -> dict[str, Any]:
     tp_pred = pd.DataFrame([{"TP": 2, "step (ms)": 26.28, "tok/s per GPU": 304.4},   # the 70B FP8 design at batch 16
                             {"TP": 4, "step (ms)": 17.23, "tok/s per GPU": 232.1},   # (the lab's formula, computed)
                             {"TP": 8, "step (ms)": 17.51, "tok/s per GPU": 114.2}]).set_index("TP")
-    return dict(**_gateway_24(), compare=compare, PLANTED=dict(_PLANTED_24), found_before={"ttft.queue", "ttft.prefix_cache", "memory.kv"},
+    return dict(**_gateway_24(), **_stall_24(), compare=compare, PLANTED=dict(_PLANTED_24),
+                found_before={"ttft.queue", "ttft.prefix_cache", "memory.kv"},
                 found_after=set(), predicted_hit=predicted_hit, design=design, data=data, fit=fit,
                 bw_used=538e6 / 0.0512, bw_ceiling=16.8e9, tp_pred=tp_pred,
                 q_first=None, q_base=None, q_safe=[], spec_rows=[], base_row=None, pd=pd,
