@@ -276,7 +276,8 @@ def test_cli_run_and_summarize(cal, tmp_path, capsys):
     assert main(args[3:] + ["--no-progress"]) == 0
     assert (out / "requests.jsonl").read_text() == before
     rerun = [json.loads(x) for x in (again / "requests.jsonl").read_text().splitlines()]
-    assert [(r["id"], r["input_tokens"]) for r in rerun] == [(r["id"], r["input_tokens"]) for r in reqs]
+    # the same requests (records are written as they finish: two can swap places under load)
+    assert sorted((r["id"], r["input_tokens"]) for r in rerun) == sorted((r["id"], r["input_tokens"]) for r in reqs)
     assert "--out" not in shlex.split(bench.load_run(out).reproduce_command())
     capsys.readouterr()
     assert main(["summarize", str(out), "--slo-ttft-ms", "61"]) == 0

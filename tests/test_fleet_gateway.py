@@ -121,9 +121,9 @@ def test_keys_closed_paths_and_the_key_kept_from_the_replica(replicas, keys):
         assert httpx.get(f"{gw.url}/metrics").status_code == 401
         for path in ("/metrics", "/tokenize", "/invocations", "/v1/completions/render", "/health"):
             assert httpx.get(gw.url + path, headers=alice.headers).status_code == 404, path
-        r = httpx.get(f"{gw.base_url}/models", headers=alice.headers)
+        r = httpx.get(f"{gw.base_url}/models", headers={**alice.headers, "X-Bench-Request-Id": "last"})
         assert r.status_code == 200 and r.json()["authorization"] is None   # the key stops at the gateway
-        assert [(x.status, x.engineer) for x in gw.log()][-1] == (200, "alice")
+        assert [(x.status, x.engineer) for x in gw.log(wait_for=["last"]) if x.request_id == "last"] == [(200, "alice")]
 
 
 def test_rate_limit_is_per_key_and_matches_the_prediction(replicas, keys):
@@ -133,13 +133,14 @@ def test_rate_limit_is_per_key_and_matches_the_prediction(replicas, keys):
         alice, bob = gw.endpoint("alice"), gw.endpoint("bob")
         with httpx.Client(headers=alice.headers) as c:
             t0 = time.monotonic()
-            codes = [c.get(f"{gw.base_url}/models").status_code for _ in range(40)]
+            codes = [c.get(f"{gw.base_url}/models", headers={"X-Bench-Request-Id": f"r{i}"}).status_code
+                     for i in range(40)]
             span = time.monotonic() - t0
         assert set(codes) == {200, 429}
         assert abs(codes.count(200) - gateway.admitted(limit, 40, span)) <= 1, (codes.count(200), span)
         with httpx.Client(headers=bob.headers) as c:                                 # bob has no limit
             assert {c.get(f"{gw.base_url}/models").status_code for _ in range(20)} == {200}
-        logged = [x for x in gw.log() if x.engineer == "alice"]
+        logged = [x for x in gw.log(wait_for=[f"r{i}" for i in range(40)]) if x.engineer == "alice"]
         assert sum(x.status == 429 for x in logged) == codes.count(429)
         assert all(x.upstream == "" for x in logged if x.status == 429)   # refused at the gateway, not by a replica
 
@@ -167,12 +168,13 @@ def test_canary_gets_its_share_and_a_rollback_loses_nothing(replicas, keys):
     with gateway.Gateway(route, keys) as gw:
         codes, _ = _load(gw, 200)
         assert codes == [200] * 200
-        share = sum(route.role(x.upstream) == "canary" for x in gw.log() if x.uri == "/v1/completions") / 200
+        logged = gw.log(wait_for=[str(i) for i in range(200)])
+        share = sum(route.role(x.upstream) == "canary" for x in logged if x.uri == "/v1/completions") / 200
         assert abs(share - 0.20) <= 0.01, share                        # smooth weighted round-robin
-        start = len(gw.log())
+        start = len(logged)
         codes, t_reload = _load(gw, 400, during=lambda: gw.set_route(gateway.Route(urls[:1])), at=0.3)
         assert codes == [200] * 400, [c for c in codes if c != 200][:3]  # nothing lost across the reload
-        after = gw.log()[start:]
+        after = gw.log(wait_for=[str(i) for i in range(400)])[start:]
         assert {x.request_id for x in after} == {str(i) for i in range(400)}
         late = [x for x in after if route.role(x.upstream) == "canary" and x.started > t_reload + 0.5]
         assert not late                                                  # the canary gets nothing new
@@ -188,7 +190,7 @@ def test_a_dead_canary_moves_its_share_to_the_baseline(replicas, keys):
     with gateway.Gateway(route, keys) as gw:
         codes, _ = _load(gw, 40)
         assert codes == [200] * 40           # refused connections are retried on the baseline (nothing was sent)
-        served = [x for x in gw.log() if x.uri == "/v1/completions"]
+        served = [x for x in gw.log(wait_for=[str(i) for i in range(40)]) if x.uri == "/v1/completions"]
         assert len(served) == 40 and all(route.role(x.upstream) == "baseline" for x in served)
 
 
@@ -196,7 +198,8 @@ def test_the_keys_are_not_in_argv_logs_or_state_and_leave_with_the_gateway(repli
     urls, _ = replicas
     secret = keys.key("alice")
     with gateway.Gateway(gateway.Route(urls[:1]), keys) as gw:
-        httpx.get(f"{gw.base_url}/models", headers=gw.endpoint("alice").headers)
+        httpx.get(f"{gw.base_url}/models", headers={**gw.endpoint("alice").headers, "X-Bench-Request-Id": "k"})
+        gw.log(wait_for=["k"])
         conf = gw.workdir / "nginx.conf"
         assert secret in conf.read_text() and (conf.stat().st_mode & 0o077) == 0
         rec = next(r for r in procs.records("gateway") if r.pid == gw.proc.pid)
