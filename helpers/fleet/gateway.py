@@ -300,7 +300,6 @@ class Gateway(Listener):
         self.proc: procs.Proc | None = None
         self.workdir: Path | None = None
         self.access_log: Path | None = None
-        self.reloads: list[float] = []
 
     # -- addresses ---------------------------------------------------------------------------------
     def endpoint(self, engineer: str) -> Endpoint:
@@ -370,7 +369,6 @@ class Gateway(Listener):
         self.route = route
         t = time.time()
         os.kill(int(self.proc.pid), signal.SIGHUP)
-        self.reloads.append(t)
         return t
 
     def log(self, wait_for: Iterable[str] = (), timeout: float = 10.0) -> list[GatewayRecord]:

@@ -35,8 +35,6 @@ def _lab24(p: runtime.Profile, quick: bool) -> dict[str, Any]:
     # The planted fault: a KV pool just over one max_model_len request (lab 06's), so a few requests fill it.
     small_kv = int(1.15 * sizing.kv_bytes_for_context(model_config(p), max_len))
     small_tokens = int(1.15 * max_len)
-    # Operate: the gateway's baseline replica and its canary run side by side, each at half the card on a GPU (the
-    # design's server, at the profile's utilization, is stopped first); on a CPU each sizes its KV pool in RAM.
     # Check question 3: steady decoders joined by long prompts on the design's server, whose token budget holds a whole
     # long prompt, so each prefill stalls every stream for one long step (lab 08's traffic). The lab paces it from two
     # measurements (bench.stall_pacing): the prompts 1.5 prefills apart, the decoders outlasting them. A stream then
@@ -48,7 +46,9 @@ def _lab24(p: runtime.Profile, quick: bool) -> dict[str, Any]:
     stall = {"decoders": decoders, "long_prompts": 4, "spacing": 1.5, "lead_s": 0.2 if gpu(p) else 0.5,
              "long_prompt": min(budget - 2 * decoders, int((0.75 if gpu(p) else 0.5) * max_len)) // 16 * 16,
              "max_output": min(max_len - 72, 1024)}
-    # Where two copies of the profile's model do not share the card (an 8B on an L4), both serve the fleet labs' model.
+    # Operate: the gateway's baseline replica and its canary run side by side, each at half the card on a GPU (the
+    # design's server, at the profile's utilization, is stopped first); on a CPU each sizes its KV pool in RAM. Where
+    # two copies of the profile's model do not share the card (an 8B on an L4), both serve the fleet labs' model.
     operate_util = round(p.utilization / 2, 2) if gpu(p) else None
     model = fleet_model(p)
     operate = {**({"model": model} if model != p.model else {}),
