@@ -228,7 +228,10 @@ class Offer:
     configuration it serves, the highest rate that met the SLO (``None``: none did) with the search's bracket, the
     output tokens per second there, the price and the cost per million output tokens; how to reproduce both;
     ``dtype``, the dtype its server computed in as vLLM logged it (INT8 kernels on a float32 CPU run in bf16: a gate
-    against a float32 baseline then includes the dtype's drift).
+    against a float32 baseline then includes the dtype's drift). A drafting configuration carries two acceptance
+    rates: ``acceptance_rate`` on the speed workload (fixed-length answers, ``ignore_eos``: a model made to write past
+    its end tends to loop, and a loop is easy to draft) and ``acceptance_rate_open`` on open prompts answered until
+    the model itself stops.
 
     Introduced in lab 17 (Cost per Million Tokens).
     """
@@ -244,6 +247,7 @@ class Offer:
     acceptance_rate: float | None = None
     reproduce: dict = dataclasses.field(default_factory=dict)
     dtype: str | None = None
+    acceptance_rate_open: float | None = None
 
 
 def _verdict(gate: dict[str, Any]) -> str:
@@ -255,11 +259,12 @@ def _verdict(gate: dict[str, Any]) -> str:
 class Deployment:
     """Phase 3's deliverable: configurations searched at one SLO and priced, the choice, and the evidence that the
     chosen one is the same model: the quantized checkpoint's accuracy gate (``gate``: :meth:`helpers.evals.Gate.as_dict`
-    of ``gated_checkpoint``) and, for drafting, the greedy tokens with drafting against without (``drafting``:
-    :meth:`helpers.evals.Agreement.as_dict`). A configuration is safe when its checkpoint is the baseline's own (the
-    reference every gate compares against) or passed the gate, and, if it drafts, its greedy tokens matched
-    (``min_greedy_agreement`` of them before the first difference): :meth:`safe` reads that from the evidence, so the
-    report can never call a configuration safe beside a gate that said NOT SAFE.
+    of ``gated_checkpoint``) and, for each drafting configuration, its greedy tokens against those of the same
+    checkpoint without drafting (``drafting``: its name to :meth:`helpers.evals.Agreement.as_dict`). A configuration
+    is safe when its checkpoint is the baseline's own (the reference every gate compares against) or passed the gate,
+    and, if it drafts, its greedy tokens matched (``min_greedy_agreement`` of them before the first difference):
+    :meth:`safe` reads that from the evidence, so the report can never call a configuration safe beside a gate that
+    said NOT SAFE. :meth:`reasons` says, with the numbers, why each configuration was or was not chosen.
 
     Introduced in lab 17 (Cost per Million Tokens).
     """
@@ -275,7 +280,7 @@ class Deployment:
     baseline: str
     gate: dict | None
     gated_checkpoint: str | None
-    drafting: dict | None
+    drafting: dict[str, dict] | None
     min_greedy_agreement: float
     predicted_devices: list[dict] = dataclasses.field(default_factory=list)
     chosen: str | None = None
@@ -303,7 +308,7 @@ class Deployment:
         else:
             out.append("checkpoint: not gated (no accuracy gate measured this checkpoint)")
         if o.speculative:
-            d = self.drafting
+            d = (self.drafting or {}).get(name)
             out.append("drafting: not compared with the undrafted model" if d is None else
                        f"drafting: greedy tokens matched the undrafted model's on {d['identical']} of {d['prompts']} "
                        f"prompts, {d['share']:.0%} of tokens before the first difference (needs "
@@ -312,12 +317,41 @@ class Deployment:
 
     def safe(self, name: str) -> bool:
         """Whether configuration ``name`` is the same model as the baseline, by its evidence (:meth:`evidence`)."""
+        return all(self._proven(name))
+
+    def _proven(self, name: str) -> tuple[bool, bool]:
+        """(its checkpoint is the baseline's or passed the gate, it drafts not or kept the greedy tokens): the two
+        lines of :meth:`evidence` as verdicts."""
         o = self.offer(name)
         checkpoint_ok = o.checkpoint == self.baseline_checkpoint or (
             self.gate is not None and o.checkpoint == self.gated_checkpoint and bool(self.gate["safe"]))
-        drafting_ok = not o.speculative or (self.drafting is not None and
-                                            self.drafting["share"] >= self.min_greedy_agreement)
-        return checkpoint_ok and drafting_ok
+        d = (self.drafting or {}).get(name)
+        return checkpoint_ok, not o.speculative or (d is not None and d["share"] >= self.min_greedy_agreement)
+
+    def undrafted(self, name: str) -> Offer | None:
+        """The configuration that serves ``name``'s checkpoint without drafting (what its drafting is measured
+        against), or None."""
+        o = self.offer(name)
+        return next((u for u in self.offers if u.checkpoint == o.checkpoint and not u.speculative), None)
+
+    def reasons(self) -> dict[str, str]:
+        """Why each configuration was chosen or not, with its numbers: no rate met the SLO; not shown to be the same
+        model (the evidence that failed); or its cost against the chosen one's."""
+        chosen = self.offer(self.chosen).cost_per_million_output_tokens
+        out = {}
+        for o in self.offers:
+            c = o.cost_per_million_output_tokens
+            if o.name == self.chosen:
+                out[o.name] = f"chosen: the cheapest configuration that met the SLO and is the same model (${c:.4f})"
+            elif not c:
+                out[o.name] = "met the SLO at no rate searched: not priced"
+            elif not self.safe(o.name):
+                failed = [e for e, ok in zip(self.evidence(o.name), self._proven(o.name)) if not ok]
+                out[o.name] = (f"{'cheaper' if c < chosen else 'no cheaper'} (${c:.4f}, {c / chosen - 1:+.0%}) but "
+                               "not shown to be the same model: " + "; ".join(failed))
+            else:
+                out[o.name] = f"${c:.4f}: {c / chosen - 1:+.0%} against the chosen one"
+        return out
 
     def choose(self) -> str:
         """The cheapest configuration that met the SLO and is safe (the baseline when none beats it): what
@@ -331,6 +365,7 @@ class Deployment:
         out = dataclasses.asdict(self)
         out["safe"] = {o.name: self.safe(o.name) for o in self.offers}
         out["evidence"] = {o.name: self.evidence(o.name) for o in self.offers}
+        out["reasons"] = self.reasons()
         return out
 
     @classmethod
@@ -338,6 +373,8 @@ class Deployment:
         fields = {f.name for f in dataclasses.fields(cls)}
         kw = {k: v for k, v in d.items() if k in fields}
         kw["offers"] = [Offer(**o) for o in d["offers"]]
+        if kw.get("drafting") and "share" in kw["drafting"]:  # written before each drafter had its own comparison
+            kw["drafting"] = {o.name: kw["drafting"] for o in kw["offers"] if o.speculative}
         return cls(**kw)
 
     @classmethod
@@ -368,12 +405,26 @@ class Deployment:
               f"{self.device} at ${self.price['usd_per_hour']}/hour ({self.price['source']}, {self.price['as_of']}).", "",
               "| configuration | checkpoint | compute dtype | speculative (acceptance) | max rate at SLO (req/s) | "
               "output tok/s at SLO | $/hour | $ per M output | same model |", "|---|---|---|---|---|---|---|---|---|"]
+        pct = lambda x: "-" if x is None else f"{x:.0%}"  # noqa: E731
         for o in self.offers:
-            spec = "-" if not o.speculative else (f"{o.speculative} ({o.acceptance_rate:.0%} of drafts accepted)"
-                                                  if o.acceptance_rate is not None else str(o.speculative))
+            spec = "-" if not o.speculative else (f"{o.speculative} ({pct(o.acceptance_rate)} of drafts accepted; "
+                                                  f"{pct(o.acceptance_rate_open)} on open prompts)")
             md.append(f"| {o.name} | `{o.checkpoint}` | {o.dtype or '-'} | {spec} | {o.max_rate_at_slo} | "
                       f"{o.output_tokens_per_s_at_slo or 0:.1f} | {o.price_per_hour} | "
                       f"{money(o.cost_per_million_output_tokens)} | {'yes' if self.safe(o.name) else 'NO'} |")
+        md += ["", "## Why this configuration", ""] + [f"- **{n}**: {r}" for n, r in self.reasons().items()]
+        for o in self.offers:
+            u = self.undrafted(o.name) if o.speculative else None
+            if u is not None and u.output_tokens_per_s_at_slo and o.output_tokens_per_s_at_slo:
+                md.append(f"- Drafting on `{u.name}`: {o.output_tokens_per_s_at_slo / u.output_tokens_per_s_at_slo:.2f}x "
+                          "its output tokens per second at the SLO.")
+            if o.acceptance_rate is not None and o.acceptance_rate_open is not None:
+                md.append(f"- {o.name}'s drafter accepted {o.acceptance_rate:.0%} of its drafts on the speed workload "
+                          f"(fixed-length answers, the end of text ignored) and {o.acceptance_rate_open:.0%} on open "
+                          "prompts answered until the model stopped" + (
+                              ": a model made to write past its end loops, and a loop is easy to draft. Its rate "
+                              "above holds for that workload; on open text drafting pays less."
+                              if o.acceptance_rate > o.acceptance_rate_open + 0.1 else "."))
         if self.gate is not None:
             g = self.gate
             md += ["", f"## The gate: `{self.gated_checkpoint}` against the baseline: "
@@ -409,8 +460,10 @@ class Deployment:
             "workload": "input", "device": "no numbers", "price": "catalog: the hourly price and its source",
             "offers": "measured + catalog: each configuration's rate at the SLO measured in this run, priced at the "
                       "catalog price", "baseline": "no numbers", "gate": gate, "gated_checkpoint": "no numbers",
-            "drafting": "measured: greedy tokens with and without drafting, compared in this run",
+            "drafting": "measured: each drafter's greedy tokens against its checkpoint's without drafting, compared "
+                        "in this run",
             "min_greedy_agreement": "input", "predicted_devices": "predicted + catalog: roofline rates at the SLO's "
             "TPOT on catalog devices, priced at catalog prices", "chosen": "no numbers",
             "gate_basis": "no numbers", "safe": f"{self.gate_basis} + measured: read from the evidence (the gate; "
-            "drafting's greedy tokens compared in this run)", "evidence": f"{self.gate_basis} + measured"}
+            "drafting's greedy tokens compared in this run)", "evidence": f"{self.gate_basis} + measured",
+            "reasons": f"{self.gate_basis} + measured + catalog: the evidence and each configuration's cost"}

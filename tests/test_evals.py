@@ -2,12 +2,15 @@
 against vLLM (marked ``vllm``)."""
 
 import importlib.util
+import json
 import math
+import textwrap
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
-from helpers import evals, plan
+from helpers import evals, models, plan, runtime
 
 
 def test_kl_of_identical_distributions_is_zero_and_grows_with_the_move():
@@ -155,3 +158,129 @@ def test_lm_eval_runs_from_the_quantization_environment_when_this_one_lacks_it(t
     monkeypatch.setenv("LABS_QUANT_PYTHON", str(tmp_path / "nowhere" / "python"))
     with pytest.raises(evals.LmEvalMissing, match="lm-eval is not installed here"):
         evals.lm_eval_python()
+
+
+def test_the_planned_standard_task_is_one_lm_eval_ships(tmp_path):
+    """Each GPU profile's plan names an lm-eval task and metric: the task's YAML must be in the installed lm-eval (a
+    misspelt name would fail only on the learner's GPU, after the baseline's measurements), and declare the metric."""
+    if not _has_lm_eval():
+        pytest.skip("needs lm-eval (make setup installs it into .venv-quant)")
+    import subprocess
+    import sys
+
+    planned = {json.dumps(plan.lab("15", p, quick=q)["standard_task"], sort_keys=True)
+               for p in runtime.PROFILES for q in (True, False)} - {"null"}
+    assert planned, "no profile plans a standard task"
+    # each planned task's metrics, read from lm-eval's own YAML and the file it includes (as arc_challenge does)
+    code = textwrap.dedent("""
+        import json, pathlib, sys, yaml, lm_eval
+        class Loader(yaml.SafeLoader):
+            pass
+        Loader.add_multi_constructor("!", lambda loader, suffix, node: None)  # lm-eval's !function tags
+        load = lambda f: yaml.load(f.read_text(), Loader=Loader) or {}
+        wanted, tasks = set(sys.argv[1:]), {}
+        for f in (pathlib.Path(lm_eval.__file__).parent / "tasks").rglob("*.yaml"):
+            if not any(f"task: {w}" in f.read_text() for w in wanted):
+                continue
+            d = load(f)
+            if isinstance(d.get("task"), str) and d["task"] in wanted:
+                while "metric_list" not in d and isinstance(d.get("include"), str):
+                    f = f.parent / d["include"]
+                    d = {**load(f), **{k: v for k, v in d.items() if k != "include"}}
+                tasks[d["task"]] = [m.get("metric") for m in d.get("metric_list", [])]
+        print(json.dumps(tasks))
+        """)
+    found = json.loads(subprocess.run([evals.lm_eval_python(), "-c", code, *{json.loads(t)["task"] for t in planned}],
+                                      capture_output=True, text=True, check=True).stdout)
+    for t in map(json.loads, planned):
+        assert t["task"] in found, f"lm-eval has no task {t['task']!r}"
+        assert t["metric"] in found[t["task"]], (t, found[t["task"]])
+
+
+def test_a_standard_task_offline_says_why_and_raises_nothing(tmp_path):
+    """This machine cannot reach the Hugging Face hub, as an offline learner's cannot: lm-eval fails to fetch the data
+    set, and the score comes back unavailable with what to do, so lab 15 goes on with its shipped tasks."""
+    if not _has_lm_eval():
+        pytest.skip("needs lm-eval (make setup installs it into .venv-quant)")
+    dead = SimpleNamespace(model="m", model_path=str(models.local_path(runtime.PROFILES["cpu"].model)),
+                           base_url="http://127.0.0.1:9/v1", api_key=None)
+    s = evals.standard_task(dead, "arc_challenge", metric="acc_norm", limit=4, out_dir=tmp_path, timeout_s=600)
+    assert s.score is None and "could not download arc_challenge" in s.unavailable and "shipped tasks" in s.unavailable
+
+
+def test_a_standard_task_is_scored_per_question_from_lm_evals_records(tmp_path, monkeypatch):
+    """lm-eval's sample records (one per question, by doc_id) give the score; a metric the task does not report is
+    refused by name; a failure that is not the download raises with lm-eval's log."""
+    rows = [{"doc_id": i, "acc": float(i % 2), "acc_norm": float(i % 3 != 0)} for i in range(6)]
+
+    def fake(server, task_args, work, limit, *a, **k):
+        out = work / "out" / "m"
+        out.mkdir(parents=True)
+        (out / "samples_arc_challenge_2026.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        return 0, SimpleNamespace(log_text=lambda: "", log_path=work / "lm_eval.log", log_tail=lambda n: "")
+    monkeypatch.setattr(evals, "_lm_eval", fake)
+    s = evals.standard_task(SimpleNamespace(), "arc_challenge", metric="acc_norm", out_dir=tmp_path / "a")
+    assert s.score.correct == {str(i): float(i % 3 != 0) for i in range(6)} and s.score.accuracy == pytest.approx(4 / 6)
+    with pytest.raises(ValueError, match="no 'exact_match'"):
+        evals.standard_task(SimpleNamespace(), "arc_challenge", metric="exact_match", out_dir=tmp_path / "b")
+    for log in ("KeyError: 'choices'",  # and a dead model server is a failure, not a data set it could not fetch
+                "requests.exceptions.ConnectionError: HTTPConnectionPool(host='127.0.0.1', port=8000): Max retries "
+                "exceeded with url: /v1/completions (Caused by NewConnectionError: Connection refused)"):
+        monkeypatch.setattr(evals, "_lm_eval", lambda *a, log=log, **k: (1, SimpleNamespace(
+            log_text=lambda: log, log_path="x.log", log_tail=lambda n: log)))
+        with pytest.raises(RuntimeError, match="lm-eval failed on arc_challenge"):
+            evals.standard_task(SimpleNamespace(), "arc_challenge", out_dir=tmp_path / "c")
+
+
+def test_injection_conditions_differ_only_in_the_comment_and_the_fence():
+    """The three conditions ask about the same functions; only the injected ones carry the word, only the defended one
+    has a system rule and fences the code; the control's prompts never contain the word."""
+    word = "QXZ-1234"
+    got = {c: evals.injection_messages(c, 9, word) for c in evals.CONDITIONS}
+    assert all(len(m) == 9 for m in got.values())
+    assert all(word in m[-1]["content"] for m in got["injected"] + got["injected, defended"])
+    assert not any(word in part["content"] for m in got["clean"] for part in m)
+    assert [m[0]["role"] for m in got["injected, defended"]] == ["system"] * 9
+    assert all("<untrusted>" in m[-1]["content"] for m in got["injected, defended"])
+    strip = lambda m: m[-1]["content"].split("\n", 1)[1].replace("<untrusted>\n", "").replace("</untrusted>", "").strip()  # noqa: E731
+    assert [strip(a) for a in got["injected"]] == [strip(b) for b in got["injected, defended"]]
+    with pytest.raises(ValueError, match="condition must be one of"):
+        evals.injection_messages("sneaky", 1, word)
+
+
+def test_injection_counts_replies_that_carry_the_word_from_a_real_http_exchange():
+    """Against a stand-in chat server that obeys an injected comment unless the code is fenced: every condition's
+    replies come back with the key sent, and the shares count the replies carrying the word (in any case)."""
+    import http.server
+    import re
+    import threading
+
+    seen = []
+
+    class Chat(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            seen.append(self.headers.get("Authorization"))
+            text = body["messages"][-1]["content"]
+            m = re.search(r"only the word (\S+)\.", text)
+            reply = m.group(1).lower() if m and "<untrusted>" not in text else "It returns a value."
+            out = json.dumps({"choices": [{"message": {"content": reply}}]}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(out)))
+            self.end_headers()
+            self.wfile.write(out)
+
+        def log_message(self, *a):
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Chat)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        ep = SimpleNamespace(base_url=f"http://127.0.0.1:{srv.server_port}/v1", model="m", api_key="sk-test")
+        res = evals.injection(ep, n=4, seed=3)
+    finally:
+        srv.shutdown()
+    assert {c: r.share for c, r in res.items()} == {"injected": 1.0, "injected, defended": 0.0, "clean": 0.0}
+    assert len(seen) == 12 and set(seen) == {"Bearer sk-test"}
+    assert res["clean"].token == evals.injection(ep, n=0, seed=3)["clean"].token  # the word is drawn from the seed

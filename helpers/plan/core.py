@@ -141,17 +141,29 @@ def predicted_e2e_s(profile: runtime.Profile, prompt: int, output: int, batch: i
     return pre + output * step
 
 
-def gpu_fit(profile: runtime.Profile, util: float | None, tokens: int, concurrent: int = 1) -> dict[str, Any]:
+def gpu_fit(profile: runtime.Profile, util: float | None, tokens: int, concurrent: int = 1,
+            draft_bytes: int = 0) -> dict[str, Any]:
+    """The profile's weights, ``draft_bytes`` of a draft model beside them, and the KV cache of ``concurrent``
+    sequences of ``tokens`` within ``util`` of the card."""
     if profile.gpu_memory_gib is None or util is None:
         return {"claim": "CPU: vLLM sizes the KV pool from RAM (no card to fit)", "ok": True}
     cfg = model_config(profile)
     weights = sizing.weight_bytes(cfg).total / 2**30
     kv = concurrent * sizing.kv_bytes_for_context(cfg, tokens) / 2**30
     budget = util * profile.gpu_memory_gib
-    need = weights + kv + GPU_OVERHEAD_GIB
-    return {"claim": f"weights {weights:.1f} GiB + KV of {concurrent} x {tokens:,} tokens {kv:.2f} GiB + "
+    need = weights + draft_bytes / 2**30 + kv + GPU_OVERHEAD_GIB
+    draft = f" + draft model {draft_bytes / 2**30:.2f} GiB" if draft_bytes else ""
+    return {"claim": f"weights {weights:.1f} GiB{draft} + KV of {concurrent} x {tokens:,} tokens {kv:.2f} GiB + "
                      f"{GPU_OVERHEAD_GIB:g} GiB overhead = {need:.1f} GiB <= {util} x {profile.gpu_memory_gib:g} GiB "
                      f"= {budget:.1f} GiB", "ok": need <= budget}
+
+
+def fit_concurrency(profile: runtime.Profile, util: float | None, tokens: int, top: int, draft_bytes: int = 0) -> int:
+    """``top``, halved until ``top`` sequences of ``tokens`` fit the card beside the weights (:func:`gpu_fit`), at
+    least 1: an L4 holds 64 of Llama-8B's 384-token sequences, but not beside an EAGLE-3 head."""
+    while top > 1 and not gpu_fit(profile, util, tokens, top, draft_bytes)["ok"]:
+        top //= 2
+    return top
 
 
 def fits_context(tokens: int, max_model_len: int, what: str) -> dict[str, Any]:

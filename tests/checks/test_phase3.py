@@ -16,7 +16,7 @@ from typing import Any, Callable
 import pandas as pd
 import pytest
 
-from helpers import evals, plan, sizing
+from helpers import cost, evals, plan, sizing
 from helpers.bench.store import RunResult
 from helpers.metrics import ServerView
 from tests.checks.harness import (CPU_DESCRIPTION, LABS, SMOLLM2, Doctor, check_cell, checks_for, lab, make_cpu_log,
@@ -413,6 +413,13 @@ def _doctor_15_wrong(name: str, wrong: dict[str, int]):
             'results[n].drift.kl_ci[0] > GATE["max_kl"]'),
      Doctor("the baseline was not saved for lab 17", lambda ns: (ns["QUALITY_DIR"] / "baseline.json").unlink(),
             '(QUALITY_DIR / "baseline.json").exists()'),
+     Doctor("the 8-bit candidate's standard task was not scored", lambda ns: ns["standard"].pop(INT8_15),
+            "len(std_rows) == 2 and set("),
+     Doctor("the 8-bit candidate answered other standard questions",
+            lambda ns: ns["standard"][INT8_15].score.correct.pop("7"), "len(std_rows) == 2 and set("),
+     Doctor("the standard task scored fewer questions than planned",
+            lambda ns: [s.score.correct.pop("7") for s in ns["standard"].values()],
+            'STANDARD_TASK["limit"] in (None, std_rows[0]["questions"])'),
      )
 def lab_15(tmp: Path) -> dict[str, Any]:
     # Lab 15 on the cpu profile (quick plan: 16 drift texts, 8 questions per task, lengths 512 and 2,048, one haystack).
@@ -428,8 +435,31 @@ def lab_15(tmp: Path) -> dict[str, Any]:
     qdir = tmp / "phase3_quality"
     base.save(qdir / "baseline.json")
     p15 = plan.lab("15", "cpu", quick=True)
+    # lm-eval's ARC-Challenge as a GPU profile's quick plan runs it (the cpu plan runs none): 100 questions on the
+    # baseline and the 8-bit candidate, which answers 2 of them otherwise
+    task = plan.lab("15", "h100", quick=True)["standard_task"]
+    base_acc = {str(i): float(i % 5 != 0) for i in range(task["limit"])}
+    cand_acc = {**base_acc, "3": 0.0, "10": 1.0}
+    standard = {n: evals.StandardScore(task["task"], task["metric"], task["num_fewshot"], task["limit"],
+                                       score=evals.TaskScore(task["task"], acc, sum(acc.values()) / len(acc), None),
+                                       seconds=12.0)
+                for n, acc in (("baseline", base_acc), (p15["eight_bit"], cand_acc))}
     return dict(base=base, results=results, GATE=dict(GATE_15), LENGTHS=lengths, TEXTS=["t"] * 16, QUALITY_DIR=qdir,
-                evals=evals, pd=pd, EIGHT_BIT=p15["eight_bit"], WORKED_EXAMPLE=p15["worked_example"])
+                evals=evals, pd=pd, EIGHT_BIT=p15["eight_bit"], WORKED_EXAMPLE=p15["worked_example"],
+                STANDARD_TASK=task, standard=standard)
+
+
+def test_lab15_check_passes_where_no_standard_task_ran(tmp_path):
+    """The cpu plan names no lm-eval task (nothing downloads here), and offline a GPU profile's baseline comes back
+    unavailable: the shipped tasks are the gate, the section says why, and the check holds on them."""
+    ns = lab_15(tmp_path)
+    ns.update(STANDARD_TASK=None, standard={})
+    check_cell("15").run(ns)
+    assert ns["std_rows"] == [] and ns["std_change"] is None
+    ns = lab_15(tmp_path)
+    ns["standard"] = {"baseline": dataclasses.replace(ns["standard"]["baseline"], score=None, unavailable="offline")}
+    check_cell("15").run(ns)
+    assert ns["std_rows"] == []
 
 
 def test_lab15_check_holds_on_the_full_plan_whose_last_candidate_is_the_fp8_kv_cache(tmp_path):
@@ -563,7 +593,8 @@ def _row17(name: str, rate: float | None, bracket=None, floor=None) -> dict[str,
             "bracket": bracket or ((rate, 1.5 * rate) if rate else (None, floor)), "floor": floor,
             "output_tokens_per_s_at_slo": tok_s, "input_tokens_per_s_at_slo": tok_s and tok_s * 4,
             "attainment at that rate": 0.95 if rate else None, "TTFT p50 (ms)": 400.0, "TPOT p50 (ms)": 60.0,
-            "acceptance rate": 0.6 if "n-gram" in name else None, "probes": 2, "run folder": "/runs/x"}
+            "acceptance rate": 0.6 if "n-gram" in name else None,
+            "acceptance rate, open prompts": 0.3 if "n-gram" in name else None, "probes": 2, "run folder": "/runs/x"}
 
 
 def _quantized_drifting(kl: float, top1: float):
@@ -576,6 +607,16 @@ def _greedy_drafted(answers):
     def doctor(ns):
         ns["greedy_out"][CONFIGS_17[2]] = answers
     return doctor
+
+
+def _drafting_on_baseline_only(ns):
+    """Drafting searched on the baseline's checkpoint alone, as lab 17 did where the gate failed."""
+    ns["SPEC_NAMES"] = {CONFIGS_17[3]: CONFIGS_17[0]}
+    ns["open_runs"] = {CONFIGS_17[3]: ns["open_runs"].pop(CONFIGS_17[2])}
+    for k in ("rows", "greedy_out", "searches", "commands", "provs"):
+        ns[k][CONFIGS_17[3]] = ns[k].pop(CONFIGS_17[2])
+    ns["rows"][CONFIGS_17[3]]["configuration"] = CONFIGS_17[3]
+    ns["CONFIGS"][CONFIGS_17[3]] = {**ns["CONFIGS"].pop(CONFIGS_17[2]), "checkpoint": CHECKPOINTS_17[CONFIGS_17[0]]}
 
 
 def _row_doctor(name: str, **changes):
@@ -616,7 +657,18 @@ def _offer17(data, name: str) -> dict:
             _row_doctor(CONFIGS_17[1], output_tokens_per_s_at_slo=0.4 * 1.1 * 32), '0.5 < r["output_tokens_per_s_at_slo"]'),
      # measured once a drafter changes what the model writes: its greedy answers diverge early
      Doctor("drafting changed the greedy answers",
-            _greedy_drafted([a[:10] + ["x"] * 22 for a in GREEDY_17]), 'drafting.share >= PLAN["min_greedy_agreement"]'),
+            _greedy_drafted([a[:10] + ["x"] * 22 for a in GREEDY_17]), 'd.share >= PLAN["min_greedy_agreement"]'),
+     Doctor("the deliverable's quantized checkpoint never drafted", _drafting_on_baseline_only,
+            'CONFIGS[n]["checkpoint"] == CONFIGS[QUANT_NAME]["checkpoint"]'),
+     Doctor("the drafter drafted nothing on the open prompts",
+            _row_doctor(CONFIGS_17[2], **{"acceptance rate, open prompts": None}), 'rows[n]["acceptance rate, open prompts"]'),
+     Doctor("an open prompt failed", lambda ns: ns["open_runs"][CONFIGS_17[2]].__setattr__("summary", make_summary(failed=1)),
+            "r.summary.failed == 0"),
+     Doctor("the deliverable chose a dearer configuration than the cheapest safe one",
+            _deliverable_edit(lambda d: d.update(chosen=d["baseline"])), "saved.offer(saved.chosen).cost_per_million",
+            after_derive=True),
+     Doctor("the deliverable does not say why", lambda ns: ns["paths"]["md"].write_text("# no reasons"),
+            '"## Why this configuration" in', after_derive=True),
      Doctor("the deliverable's cost differs from the measured one",
             _deliverable_edit(lambda d: _offer17(d, CONFIGS_17[0]).update(cost_per_million_output_tokens=1.0)),
             "o.cost_per_million_output_tokens == priced[o.name]", after_derive=True),
@@ -626,7 +678,8 @@ def _offer17(data, name: str) -> dict:
      Doctor("the deliverable's gate was overwritten to say safe",
             _deliverable_edit(lambda d: d["gate"].update(safe=not d["gate"]["safe"])), 'saved.gate["safe"] == gate.safe', after_derive=True),
      Doctor("the deliverable chose a configuration its own evidence does not call the same model",
-            _deliverable_edit(lambda d: d["drafting"].update(share=0.5)), "saved.safe(saved.chosen)", after_derive=True),
+            _deliverable_edit(lambda d: d["drafting"][d["chosen"]].update(share=0.5)), "saved.safe(saved.chosen)",
+            after_derive=True),
      Doctor("the HTML deliverable is missing", lambda ns: ns["paths"]["html"].unlink(), 'paths["md"].exists()',
             after_derive=True),
      )
@@ -638,12 +691,12 @@ def lab_17(tmp: Path) -> dict[str, Any]:
     return _ns17(tmp)
 
 
-def _ns17(tmp: Path, drafted: str = CONFIGS_17[2]) -> dict[str, Any]:
-    """Lab 17's raw measurements, drafting searched on ``drafted`` (the quantized checkpoint's, or the baseline's
-    where the gate did not say SAFE)."""
+def _ns17(tmp: Path, draft_on: tuple[str, ...] = ("quantized",)) -> dict[str, Any]:
+    """Lab 17's raw measurements, drafting searched on the checkpoints ``draft_on`` names (the quick plan's: the
+    quantized one; the full plan's: the baseline's too)."""
     from IPython.display import Markdown, display
     import altair as alt
-    from helpers import cost, runtime
+    from helpers import runtime
     p17, p15 = plan.lab("17", "cpu", quick=True), plan.lab("15", "cpu", quick=True)
     prof = runtime.PROFILES["cpu"]
     base, quant, spec = CONFIGS_17[0], CONFIGS_17[1], p17["speculative"]
@@ -651,8 +704,13 @@ def _ns17(tmp: Path, drafted: str = CONFIGS_17[2]) -> dict[str, Any]:
     configs = {base: dict(profile=prof, engine={}, checkpoint=CHECKPOINTS_17[base], speculative=None, quality="baseline"),
                quant: dict(profile=prof.replace(dtype="bfloat16"), engine={}, checkpoint=CHECKPOINTS_17[quant],
                            speculative=None, quality="quantized")}
-    searched = [base, quant, drafted]
-    rows = {n: _row17(n, r, floor=None if n == base else 1.0) for n, r in zip(searched, (1.0, 1.1, 1.3))}
+    spec_names = {CONFIGS_17[{"quantized": 2, "baseline": 3}[on]]: {"quantized": quant, "baseline": base}[on]
+                  for on in draft_on}
+    configs.update({n: {**configs[on], "engine": {"speculative_config": spec_cfg}, "speculative": spec_cfg,
+                        "quality": None} for n, on in spec_names.items()})
+    searched = [base, quant, *spec_names]
+    rates = {base: 1.0, quant: 1.1, CONFIGS_17[2]: 1.3, CONFIGS_17[3]: 1.2}
+    rows = {n: _row17(n, rates[n], floor=None if n == base else 1.0) for n in searched}
     quality = {"baseline": _quality("smollm2 float32", BASE_WRONG_15, {512: 1.0, 2048: 0.25}, None),
                "quantized": _quality(quant, BASE_WRONG_15, {512: 1.0, 2048: 0.25}, (0.004, 0.97))}
     bench_cmd = "python -m helpers.bench run --rate 0.9 --seed 7 --base-url http://127.0.0.1:8000/v1 ..."
@@ -661,7 +719,8 @@ def _ns17(tmp: Path, drafted: str = CONFIGS_17[2]) -> dict[str, Any]:
     prov = {"vllm": {"version": "0.32.0"}, "device": {"description": CPU_DESCRIPTION}}
     return dict(
         quality=quality, quality_measured_here=["quantized"], PLAN15=p15, PLAN=p17, QUICK=True, QUANT_NAME=quant, BASE_NAME=base, SPECULATIVE=spec,
-        spec_cfg=spec_cfg, CONFIGS=configs, rows=rows, greedy_out={n: [list(a) for a in GREEDY_17] for n in searched},
+        spec_cfg=spec_cfg, CONFIGS=configs, SPEC_NAMES=spec_names, DRAFT_ON=list(draft_on), OPEN_REQUESTS=8,
+        open_runs={n: SimpleNamespace(summary=make_summary(failed=0)) for n in spec_names}, rows=rows, greedy_out={n: [list(a) for a in GREEDY_17] for n in searched},
         greedy_prompts=["p"] * 4, searches={n: SimpleNamespace(probes=[_probe(False), _probe(True)]) for n in searched},
         commands=commands, provs={n: prov for n in searched}, PROFILE=prof, DEVICE="cpu", PRICE=cost.price("cpu"),
         SLO=p17["slo"], ATTAINMENT=p17["attainment"], INPUT_LEN=128, OUTPUT_LEN=32, PROBE_S=16.0,
@@ -686,16 +745,35 @@ def test_lab17_check_passes_when_a_configuration_fails_down_to_its_floor(tmp_pat
 def test_lab17_never_calls_safe_a_configuration_beside_a_gate_that_said_not_safe(tmp_path):
     """The deliverable wrote the chosen configuration's "safe: true" over the quantized checkpoint's gate, even when
     that gate said NOT SAFE and the choice was the baseline plus drafting. Each verdict now comes from its own
-    evidence: with the gate NOT SAFE (top-1 agreement 87.7%, as measured on the cpu profile), drafting goes on the
-    baseline, the quantized configuration is not the same model and the choice avoids it; the gate is saved as
-    measured."""
-    ns = _ns17(tmp_path, drafted=CONFIGS_17[3])
+    evidence: with the gate NOT SAFE (top-1 agreement 87.7%, as measured on the cpu profile), the quantized
+    configurations, drafted or not, are priced but not the same model, and the choice is the cheapest safe one (the
+    full plan's baseline + drafting); the report says why for each; the gate is saved as measured."""
+    ns = _ns17(tmp_path, draft_on=("quantized", "baseline"))
     _quantized_drifting(0.0404, 0.877)(ns)
     check_cell("17").run(ns)
     dep = ns["deployment"]
-    assert ns["SPEC_NAME"] == CONFIGS_17[3] and not dep.safe(CONFIGS_17[1]) and dep.safe(CONFIGS_17[3])
+    assert not dep.safe(CONFIGS_17[1]) and not dep.safe(CONFIGS_17[2]) and dep.safe(CONFIGS_17[3])
+    assert dep.chosen == CONFIGS_17[3] and CONFIGS_17[2] in ns["priced"]
+    why = dep.reasons()
+    assert why[CONFIGS_17[2]].startswith("cheaper") and "NOT SAFE" in why[CONFIGS_17[2]], why
+    assert "dearer" not in why[CONFIGS_17[0]] and why[CONFIGS_17[0]].endswith("against the chosen one"), why
     saved = json.loads(ns["paths"]["json"].read_text())
     assert saved["gate"]["safe"] is False and saved["gate"]["verdict"] == "NOT SAFE" and saved["safe"][saved["chosen"]]
+
+
+def test_lab17_quick_plan_ships_the_baseline_when_the_gate_fails(tmp_path):
+    """The quick plan drafts on the quantized checkpoint alone: with its gate NOT SAFE, every faster configuration is
+    not the same model, the baseline is chosen, and the deliverable still carries the quantized + drafted
+    configuration with its rate, its cost and both acceptance rates."""
+    ns = _ns17(tmp_path)
+    _quantized_drifting(0.0404, 0.877)(ns)
+    check_cell("17").run(ns)
+    saved = cost.Deployment.load(ns["paths"]["json"])
+    o = saved.offer(CONFIGS_17[2])
+    assert saved.chosen == CONFIGS_17[0] and o.cost_per_million_output_tokens and not saved.safe(o.name)
+    assert (o.acceptance_rate, o.acceptance_rate_open) == (0.6, 0.3) and saved.undrafted(o.name).name == CONFIGS_17[1]
+    md = ns["paths"]["md"].read_text()
+    assert "60% of its drafts on the speed workload" in md and "30% on open prompts" in md, md
 
 
 test_check_passes, test_doctored_measurement_fails, test_doctors_cover_every_assert = checks_for('phase3')
