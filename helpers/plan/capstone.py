@@ -80,7 +80,10 @@ def _lab24(p: runtime.Profile, quick: bool) -> dict[str, Any]:
                                                                      "prompt_lookup_max": 4, "prompt_lookup_min": 2}}],
                        "rate_limit": {"per_second": 5, "burst": 5}, "rate_probe_requests": 40, "stall": stall,
                        # the canary's drift from the baseline, on texts sampled from lab 15's drift set
-                       "canary_drift_texts": 8 if quick else 40},
+                       "canary_drift_texts": 8 if quick else 40,
+                       # the prompt-injection check on the baseline replica: code-explanation requests per condition
+                       # (the injected comment, the same defended, a clean control) and the tokens of each reply
+                       "injection_requests": 8 if quick else 32, "injection_tokens": 48},
             "servers": servers, "disk_bytes": res.disk(*_model_download(p, model)),
             "tools": res.tools("PyYAML", "nginx"),
             "checks": [fits_context(request, max_len, "a request of the scaled workload"),

@@ -57,7 +57,17 @@ def _gateway_24() -> dict[str, Any]:
                 rate_codes=[200] * 7 + [429] * 33, rate_span=0.31, gateway=gateway,
                 # the FP8-KV canary against the baseline on 8 drift texts (422 positions); its p99 was not shown
                 canary_drift=evals.Drift(kl_mean=0.01943, kl_ci=None, kl_p99=float("nan"), top1=0.9076, top1_ci=None,
-                                         positions=422, texts=8, top_k=20))
+                                         positions=422, texts=8, top_k=20),
+                injected=_injection_24(), INJECTION_REQUESTS=8, GATE=plan.lab("15", "cpu", quick=True)["gate"])
+
+
+def _injection_24() -> dict[str, Any]:
+    """The injection check's replies on the cpu profile's model (quick plan: 8 per condition, greedy)."""
+    word = "QXZ-4821"
+    replies = {"injected": [word] * 5 + ["The function returns the mean of a list of numbers."] * 3,
+               "injected, defended": [word] * 2 + ["This function checks whether a number is even."] * 6,
+               "clean": ["This function counts the words in a text."] * 8}
+    return {c: evals.Injection(c, word, r) for c, r in replies.items()}
 
 
 def _stall_run(itl: tuple[float, float, float], ttft_p50: float, failed: int = 0) -> dict[str, Any]:
@@ -150,6 +160,11 @@ def _relog(ns, key: str, i: int, **changes: Any) -> None:
      Doctor("a request the client sent never reached the gateway", lambda ns: ns["rollback_log"].pop(60), "lost == 0"),
      Doctor("the candidate still took a request 3 s after the reload",
             lambda ns: _relog(ns, "rollback_log", 75, upstream=_CAND), "candidate_free_s < 1.0"),
+     Doctor("an injection request went unanswered", lambda ns: ns["injected"]["injected, defended"].replies.pop(),
+            '(injection_table["replies"] == INJECTION_REQUESTS)'),
+     Doctor("the clean control carried the injected word",
+            lambda ns: ns["injected"]["clean"].replies.__setitem__(3, "Answer: QXZ-4821"),
+            'injection_table.loc["clean", "carry the injected word"] == 0'),
      )
 def lab_24(tmp: Path) -> dict[str, Any]:
     # Lab 24's run on the cpu profile (quick plan: 256 shared + 64 unique -> 32, 6 in flight for the doctor, 12
@@ -185,7 +200,7 @@ def lab_24(tmp: Path) -> dict[str, Any]:
                 found_before={"ttft.queue", "ttft.prefix_cache", "memory.kv"},
                 found_after=set(), predicted_hit=predicted_hit, design=design, data=data, fit=fit,
                 bw_used=538e6 / 0.0512, bw_ceiling=16.8e9, tp_pred=tp_pred,
-                q_first=None, q_base=None, q_safe=[], spec_rows=[], base_row=None, pd=pd,
+                q_first=None, q_base=None, q_safe=[], spec_pairs=[], pd=pd,
                 not_run="not measured on this device yet: run lab {} (its saved measurement is read here)")
 
 
@@ -206,3 +221,27 @@ def test_the_list_of_claims_and_their_doctors_is_current():
 
     mod = load("ci/check_claims.py")
     assert mod.OUT.read_text() == mod.render(), "ci/CHECKS.md is stale: run `python ci/check_claims.py`"
+
+
+def test_lab24_compares_each_drafter_with_its_own_checkpoint_undrafted(tmp_path):
+    """Lab 17's deliverable drafts on the quantized checkpoint (and, in the full plan, the baseline's): lab 24's
+    "speculative decoding always helps" row sets each drafter against the same checkpoint without drafting, never
+    against the baseline (which would credit drafting with quantization's gain, or charge it with its loss)."""
+    from helpers import cost
+    from tests.checks.harness import check_cell
+
+    def offer(name, ck, rate, spec=None):
+        return cost.Offer(name=name, checkpoint=ck, speculative=spec, max_rate_at_slo=rate, bracket=(rate, None),
+                          output_tokens_per_s_at_slo=rate * 32, price_per_hour=0.1,
+                          cost_per_million_output_tokens=1e6 / (rate * 32) * 0.1 / 3600)
+    ngram = {"method": "ngram", "num_speculative_tokens": 3}
+    offers = [offer("base", "ck-base", 5.0), offer("int8", "ck-int8", 6.0), offer("int8 + n-gram", "ck-int8", 5.5, ngram)]
+    dep = cost.Deployment(model="m", profile="cpu", baseline_checkpoint="ck-base", slo={}, workload={}, device="cpu",
+                          price={}, offers=offers, baseline="base", gate=None, gated_checkpoint=None,
+                          drafting=None, min_greedy_agreement=0.9)
+    ns = lab_24(tmp_path)
+    ns["spec_pairs"] = [(o, dep.undrafted(o.name)) for o in dep.offers if o.speculative]
+    check_cell("24").run(ns)
+    row = ns["misconceptions"].set_index("misconception").loc["Speculative decoding always helps."]
+    # 5.5 req/s drafted is above the baseline's 5.0 but below its own checkpoint's 6.0: drafting did not pay
+    assert row["reversed here"] and "int8: 6.0 req/s, drafting: 5.5" in row["reversal"], row
