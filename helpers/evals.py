@@ -255,9 +255,6 @@ class StandardScore:
     unavailable: str | None = None
     seconds: float = 0.0
 
-    def as_dict(self) -> dict:
-        return asdict(self)
-
 
 #: What lm-eval's log says when the machine cannot reach the Hugging Face hub for a task's data set (measured here:
 #: "ConnectionError: Couldn't reach 'allenai/ai2_arc' on the Hub (LocalEntryNotFoundError)"). A refused connection to
@@ -315,6 +312,26 @@ def _texts(texts: Sequence[str] | None) -> list[str]:
     return list(texts) if texts is not None else drift_texts()
 
 
+def _post_each(server: Any, path: str, bodies: Sequence[dict[str, Any]], concurrency: int = 8,
+               refused: Any = None) -> list[dict[str, Any]]:
+    """POST each of ``bodies`` to ``server``'s ``base_url + path`` (with its key), ``concurrency`` at a time; the JSON
+    answers in order. A non-200 answer raises ``RuntimeError(refused(response))`` where ``refused`` is given, else
+    httpx's error."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with httpx.Client(timeout=600.0, headers=auth_headers(getattr(server, "api_key", None)),
+                      limits=httpx.Limits(max_connections=max(1, concurrency))) as client:
+        def one(body: dict[str, Any]) -> dict[str, Any]:
+            r = client.post(f"{server.base_url}{path}", json=body)
+            if r.status_code != 200 and refused is not None:
+                raise RuntimeError(refused(r))
+            r.raise_for_status()
+            return r.json()
+
+        with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
+            return list(pool.map(one, bodies))
+
+
 def prompt_logprobs(server: Any, texts: Sequence[str] | None = None, top_k: int = 20,
                     concurrency: int = 8) -> list[list[dict[int, float]]]:
     """For each text, the top-``top_k`` next-token log-probabilities at every position (vLLM's ``prompt_logprobs``),
@@ -324,23 +341,13 @@ def prompt_logprobs(server: Any, texts: Sequence[str] | None = None, top_k: int 
 
     Introduced in lab 15 (Proving Quantization Safe).
     """
-    from concurrent.futures import ThreadPoolExecutor
-
-    headers = auth_headers(getattr(server, "api_key", None))
-    with httpx.Client(timeout=600.0, headers=headers,
-                      limits=httpx.Limits(max_connections=max(1, concurrency))) as client:
-        def one(text: str) -> list[dict[int, float]]:
-            r = client.post(f"{server.base_url}/completions", json={
-                "model": server.model, "prompt": text, "max_tokens": 1, "temperature": 0,
-                "prompt_logprobs": top_k})
-            if r.status_code != 200:
-                raise RuntimeError(f"{server.base_url}/completions refused prompt_logprobs={top_k} (HTTP {r.status_code}):"
-                                   f" {r.text[:300]}. vLLM caps it at --max-logprobs (default 20).")
-            positions = r.json()["choices"][0].get("prompt_logprobs") or []
-            return [{int(k): float(v["logprob"]) for k, v in pos.items()} for pos in positions if pos]
-
-        with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
-            return list(pool.map(one, _texts(texts)))
+    answers = _post_each(server, "/completions", [
+        {"model": server.model, "prompt": text, "max_tokens": 1, "temperature": 0, "prompt_logprobs": top_k}
+        for text in _texts(texts)], concurrency,
+        refused=lambda r: f"{server.base_url}/completions refused prompt_logprobs={top_k} (HTTP {r.status_code}): "
+                          f"{r.text[:300]}. vLLM caps it at --max-logprobs (default 20).")
+    return [[{int(k): float(v["logprob"]) for k, v in pos.items()} for pos in a["choices"][0].get("prompt_logprobs")
+             or [] if pos] for a in answers]
 
 
 def greedy(server: Any, prompts: Sequence[str], max_tokens: int = 32, concurrency: int = 8) -> list[list[str]]:
@@ -349,20 +356,10 @@ def greedy(server: Any, prompts: Sequence[str], max_tokens: int = 32, concurrenc
 
     Introduced in lab 12 (FP8 as the Default).
     """
-    from concurrent.futures import ThreadPoolExecutor
-
-    headers = auth_headers(getattr(server, "api_key", None))
-    with httpx.Client(timeout=600.0, headers=headers,
-                      limits=httpx.Limits(max_connections=max(1, concurrency))) as client:
-        def one(prompt: str) -> list[str]:
-            r = client.post(f"{server.base_url}/completions", json={
-                "model": server.model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "logprobs": 0,
-                "ignore_eos": True})
-            r.raise_for_status()
-            return r.json()["choices"][0]["logprobs"]["tokens"]
-
-        with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
-            return list(pool.map(one, prompts))
+    answers = _post_each(server, "/completions", [
+        {"model": server.model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "logprobs": 0,
+         "ignore_eos": True} for prompt in prompts], concurrency)
+    return [a["choices"][0]["logprobs"]["tokens"] for a in answers]
 
 
 @dataclass
@@ -536,21 +533,15 @@ def injection(endpoint: Any, n: int = 8, seed: int = 0, max_tokens: int = 48,
 
     Introduced in lab 24 (Putting It All Together).
     """
-    from concurrent.futures import ThreadPoolExecutor
-
     rng = random.Random(f"injection-{seed}")
     token = "".join(rng.choice("BCDFGHJKLMNPQRSTVWXZ") for _ in range(3)) + f"-{rng.randrange(1000, 10000)}"
-    headers = auth_headers(getattr(endpoint, "api_key", None))
-    with httpx.Client(timeout=600.0, headers=headers, limits=httpx.Limits(max_connections=max(1, concurrency))) as c:
-        def one(messages: list[dict[str, str]]) -> str:
-            r = c.post(f"{endpoint.base_url}/chat/completions", json={
-                "model": endpoint.model, "messages": messages, "max_tokens": max_tokens, "temperature": 0})
-            r.raise_for_status()
-            return r.json()["choices"][0]["message"]["content"] or ""
-
-        with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
-            return {cond: Injection(cond, token, list(pool.map(one, injection_messages(cond, n, token))))
-                    for cond in CONDITIONS}
+    out = {}
+    for cond in CONDITIONS:
+        answers = _post_each(endpoint, "/chat/completions", [
+            {"model": endpoint.model, "messages": m, "max_tokens": max_tokens, "temperature": 0}
+            for m in injection_messages(cond, n, token)], concurrency)
+        out[cond] = Injection(cond, token, [a["choices"][0]["message"]["content"] or "" for a in answers])
+    return out
 
 
 # ---------------------------------------------------------------------------------- long context
