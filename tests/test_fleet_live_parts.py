@@ -182,3 +182,86 @@ def test_router_refuses_what_vllm_router_would_refuse_later():
     with pytest.raises(ValueError, match="start the replicas first"):
         Router([], policy="round_robin")
     assert "cache_aware" in POLICIES
+
+
+def test_scale_in_waits_for_a_whole_stabilization_window_below_one_replica_fewer():
+    rule = fleet.QueueRule(threshold=4, hold_s=3, scale_in_target=4, cooldown_s=2)
+    quiet = [(t * 0.5, 3.0) for t in range(10)]
+    assert fleet.decide_in(quiet, rule, replicas=2) == 2.0
+    assert fleet.decide_in(quiet, rule, replicas=1) is None           # never below one replica
+    busy = [(0, 3), (1, 3), (1.5, 5), (2, 3), (3, 3), (4, 3)]
+    assert fleet.decide_in(busy, rule, replicas=2) == 4               # 5 in flight needs both: the window restarts
+    assert fleet.decide_in([(0, 3), (1, math.nan), (2, 3), (3, 3), (4, 3)], rule, replicas=2) == 4
+    assert fleet.decide_in([(t, 7.0) for t in range(10)], rule, replicas=3) == 2   # 7 fit in two replicas of 4
+    assert fleet.decide_in(quiet, fleet.QueueRule(threshold=4), replicas=2) is None   # no target: never
+    with pytest.raises(ValueError, match="scale_in_target"):
+        fleet.QueueRule(scale_in_target=0)
+
+
+class _InFlightProm(_Prom):
+    def __init__(self):
+        super().__init__()
+        self.in_flight = 0.0
+
+    def value(self, expr):
+        return self.in_flight if expr == fleet.autoscaler.IN_FLIGHT_QUERY else self.waiting
+
+
+class _FleetReplica(_Replica):
+    """A warm standby that had served before it joined, and holds requests until released."""
+
+    def __init__(self):
+        super().__init__()
+        self.done, self.holding = 5.0, 0.0
+
+    def metrics(self):
+        from helpers.metrics import Sample, Snapshot
+
+        return Snapshot(t=time.time(), samples=[Sample("vllm:request_success_total", (), self.done),
+                                                Sample("vllm:num_requests_running", (), self.holding)])
+
+
+class _RemovingRouter(_Router):
+    def __init__(self):
+        super().__init__()
+        self.removed = []
+
+    def remove_worker(self, w):
+        self.removed.append(w.url)
+
+
+def _wait(cond, timeout=5.0):
+    deadline = time.monotonic() + timeout
+    while not cond() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return cond()
+
+
+def test_autoscaler_scales_out_then_in_drains_before_retiring_and_keeps_the_first_replica():
+    prom, router, replica = _InFlightProm(), _RemovingRouter(), _FleetReplica()
+    retired = []
+    scaler = fleet.QueueAutoscaler(prom, router, lambda: replica, interval_s=0.02, max_replicas=2,
+                                   rule=fleet.QueueRule(2, 0.1, scale_in_target=4, cooldown_s=0.3),
+                                   retire=retired.append)
+    with scaler:
+        prom.waiting, prom.in_flight = 6.0, 12.0
+        assert _wait(lambda: router.added)
+        time.sleep(0.2)
+        assert scaler.events[-1].first_served_s is None        # its earlier requests do not count as serving here
+        replica.done += 1
+        assert scaler.wait_for_serving(5).first_served_s is not None
+        prom.waiting, prom.in_flight = 0.0, 6.0                 # the queue is gone but 6 need both replicas
+        time.sleep(0.6)
+        assert not scaler.scale_ins
+        replica.holding, prom.in_flight = 2.0, 3.0              # the load falls; the replica still holds two
+        assert _wait(lambda: router.removed)
+        time.sleep(0.2)
+        assert retired == [] and scaler.scale_ins[-1].drained_s is None   # not stopped while it holds requests
+        replica.holding = 0.0
+        event = scaler.wait_for_scale_in(5)
+        time.sleep(0.5)                                         # one replica left: no further scale-in
+    assert router.removed == [replica.url] and retired == [replica] and scaler.replicas == 1
+    assert event.error is None and event.decision_s < event.removed_s <= event.drained_s <= event.retired_s
+    assert event.decision_s - scaler.events[-1].first_served_s >= 0.3   # a whole window after the last busy sample
+    assert len(scaler.scale_ins) == 1
+    assert "in_flight" in scaler.frame()

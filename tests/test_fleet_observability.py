@@ -242,3 +242,16 @@ def test_panels_draw_offline_from_query_range_results():
         obs.panel_frame(ttft, results)  # its p50 query has no result
     grid = obs.dashboard_charts(obs.panels(SLO), results).to_dict()
     assert [c["title"] for c in grid["concat"]] == ["Requests waiting per replica"]
+
+
+def test_panel_summary_quotes_each_line_of_the_panels_with_data():
+    specs = {p.title: p for p in obs.panels(SLO)}
+    waiting = specs["Requests waiting per replica"]
+    payload = json.loads((FIXTURES / "query_range_waiting.json").read_text())
+    table = obs.panel_summary(obs.panels(SLO), {waiting.queries[0].expr: payload}).set_index("line")
+    assert list(table["panel"].unique()) == ["Requests waiting per replica"]   # the panels without data are left out
+    a = obs.query_range_frame(payload)
+    a = a[a["instance"] == "127.0.0.1:8201"]["value"]
+    row = table.loc["127.0.0.1:8201"]
+    assert (row["peak"], row["last"], row["samples"]) == (a.max(), a.iloc[-1], len(a))
+    assert row["mean"] == pytest.approx(a.mean()) and row["target"] == 4.0

@@ -36,7 +36,7 @@ The live fleet runs on this machine with the same pieces a cluster uses::
   weighted canary and its rollback by reload.
 - :mod:`~helpers.fleet.routing`: what round-robin and cache-aware routing do to each replica's prefix cache,
   predicted by simulating its blocks.
-- :mod:`~helpers.fleet.autoscaler`: the queue rule and a loop that scales out through the router, timed.
+- :mod:`~helpers.fleet.autoscaler`: the queue rules and a loop that scales out and back in through the router, timed.
 - :mod:`~helpers.fleet.experts`: a mixture-of-experts router's choices measured, expert placement on EP ranks and
   the imbalance that sets a step's length.
 - :mod:`~helpers.fleet.postmortem`: an overloaded run reconstructed (fluid queue model, alert timeline, SLO by
@@ -45,14 +45,14 @@ The live fleet runs on this machine with the same pieces a cluster uses::
 Every process is a :class:`helpers.procs.Proc`: stopped on exit, on error, and by a dead kernel's next start.
 """
 
-from . import experts, postmortem
+from . import experts, postmortem, routing
 from .gateway import Gateway
-from .autoscaler import QueueAutoscaler, QueueRule, ScaleOut, decide
+from .autoscaler import QueueAutoscaler, QueueRule, ScaleIn, ScaleOut, decide, decide_in
 from .prometheus import Prometheus
 from .replicas import parallel_slots, replica_env, start_replica, start_replicas, stop_replicas, tp_env
 from .router import Router
 from .routing import RoutingPrediction, RoutingRun, measure_routing, predict_routing, routing_trace
 
-__all__ = ["Router", "Prometheus", "Gateway", "QueueAutoscaler", "QueueRule", "ScaleOut", "decide", "start_replica", "start_replicas",
+__all__ = ["Router", "Prometheus", "Gateway", "QueueAutoscaler", "QueueRule", "ScaleOut", "ScaleIn", "decide", "decide_in", "start_replica", "start_replicas",
            "stop_replicas", "replica_env", "tp_env", "parallel_slots", "routing_trace", "predict_routing", "RoutingPrediction", "measure_routing",
            "RoutingRun"]

@@ -573,6 +573,27 @@ def panel_frame(panel: PanelSpec, results: Mapping[str, Any]) -> "Any":
     return pd.concat(frames, ignore_index=True)
 
 
+def panel_summary(panel_specs: Iterable[PanelSpec], results: Mapping[str, Any]) -> "Any":
+    """The dashboard's numbers as a table: for every panel with data in ``results``, each line's mean, peak and last
+    value over the range, how many samples it had, and the panel's target (what a report quotes from a dashboard).
+
+    Introduced in lab 23 (Observability and the Postmortem).
+    """
+    import pandas as pd
+
+    rows = []
+    for p in panel_specs:
+        if not all(q.expr in results for q in p.queries):
+            continue
+        frame = panel_frame(p, results)
+        for legend, f in frame.groupby("legend", sort=True):
+            v = f.sort_values("time")["value"].dropna()
+            rows.append({"panel": p.title, "line": legend, "unit": p.unit, "mean": v.mean() if len(v) else float("nan"),
+                         "peak": v.max() if len(v) else float("nan"), "last": v.iloc[-1] if len(v) else float("nan"),
+                         "samples": int(len(v)), "target": p.target})
+    return pd.DataFrame(rows, columns=["panel", "line", "unit", "mean", "peak", "last", "samples", "target"])
+
+
 def panel_chart(panel: PanelSpec, frame: "Any", width: int = 360, height: int = 180) -> "Any":
     """A panel drawn with altair: one line per legend, the target as a dashed rule.
 

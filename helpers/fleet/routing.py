@@ -156,6 +156,16 @@ def predict_routing(trace: Sequence[int], policy: str, replicas: int, *, prefix_
     return pred
 
 
+def _decisions(snap: Any) -> dict[str, float]:
+    """The router's prefix-routing outcomes (``vllm_router_prefix_routing_decisions_total`` by ``outcome``)."""
+    out: dict[str, float] = {}
+    for sample in snap.samples:
+        if sample.name == "vllm_router_prefix_routing_decisions_total":
+            outcome = sample.label_dict.get("outcome", "?")
+            out[outcome] = out.get(outcome, 0.0) + sample.value
+    return out
+
+
 @dataclass
 class RoutingRun:
     """One policy's measured run through vllm-router: the client's results, each replica's ``ServerView`` (its own
@@ -168,6 +178,19 @@ class RoutingRun:
     result: Any
     views: list
     decisions: dict[str, float]
+
+    @classmethod
+    def between(cls, policy: str, result: Any, before: tuple[list, Any], after: tuple[list, Any]) -> "RoutingRun":
+        """What one routed run did, from :func:`mark` before and after it: each replica's prefix cache over the run
+        and the router's decisions in it (a router that served before keeps its counts: only the run's are kept).
+
+        Introduced in lab 23 (Observability and the Postmortem).
+        """
+        from ..metrics import ServerView
+
+        d0, d1 = _decisions(before[1]), _decisions(after[1])
+        return cls(policy, result, [ServerView.between(b, a) for b, a in zip(before[0], after[0])],
+                   {k: v - d0.get(k, 0.0) for k, v in d1.items()})
 
     @property
     def hits(self) -> float:
@@ -192,28 +215,29 @@ class RoutingRun:
                 **{f"router: {k}": v for k, v in sorted(self.decisions.items())}}
 
 
+def mark(replicas: Sequence[Any], router: Any) -> tuple[list, Any]:
+    """Each replica's ``/metrics`` and the router's, now: the two ends of a routed run (:meth:`RoutingRun.between`).
+    The router's are read on its own metrics port, never through its OpenAI port (the router would route those
+    scrapes to workers and shift round-robin's turn).
+
+    Introduced in lab 23 (Observability and the Postmortem).
+    """
+    return [r.metrics() for r in replicas], router.metrics()
+
+
 def measure_routing(replicas: Sequence[Any], policy: str, workload: Any, concurrency: int = 2,
                     salt: str | None = None, **router_kwargs: Any) -> RoutingRun:
     """Send ``workload`` through a fresh vllm-router with ``policy`` over ``replicas`` and read what each replica's
     prefix cache did. ``salt`` (default: the policy) goes out as vLLM's ``cache_salt``, so blocks cached by an
-    earlier run cannot hit. The router's own ``/metrics`` is not sampled through its OpenAI port (the router would
-    route those scrapes to workers and shift round-robin's turn).
+    earlier run cannot hit.
 
     Introduced in lab 22 (Routing and Autoscaling).
     """
     from .. import bench
-    from ..metrics import ServerView
     from .router import Router
 
-    before = [r.metrics() for r in replicas]
     with Router(replicas, policy=policy, **router_kwargs) as router:
+        before = mark(replicas, router)
         result = bench.run(workload, bench.Concurrent(concurrency), base_url=router, out=False, progress=False,
                            server_metrics=False, label=policy, extra_body={"cache_salt": salt or policy})
-        snap = router.metrics()
-    after = [r.metrics() for r in replicas]
-    decisions: dict[str, float] = {}
-    for sample in snap.samples:
-        if sample.name == "vllm_router_prefix_routing_decisions_total":
-            outcome = sample.label_dict.get("outcome", "?")
-            decisions[outcome] = decisions.get(outcome, 0.0) + sample.value
-    return RoutingRun(policy, result, [ServerView.between(b, a) for b, a in zip(before, after)], decisions)
+        return RoutingRun.between(policy, result, before, mark(replicas, router))

@@ -171,11 +171,16 @@ def _lab22(p: runtime.Profile, quick: bool) -> dict[str, Any]:
 def _lab23(p: runtime.Profile, quick: bool) -> dict[str, Any]:
     fleet_ = _lab22(p, quick)   # lab 22's replicas, as they are: parked there, adopted here with reuse on
     model, replica = fleet_["model"], fleet_["values"]["replica"]
+    # every request opens with one of a few system prompts, as a fleet's traffic does: the cache-aware router has
+    # something to route on, and the dashboard's hit-rate panel something to show. The prefix is whole blocks of the
+    # device's default size (16 on a GPU, 128 on a CPU: a prefix of 96 tokens there measured a hit rate of 0), so it
+    # can hit at all
+    block = 16 if gpu(p) else 128
     if gpu(p):
-        load = {"max_num_seqs": replica["max_num_seqs"], "input_len": 1024, "output_len": 128}
+        load = {"max_num_seqs": replica["max_num_seqs"], "input_len": 1024, "output_len": 128, "prefix_len": 512}
         slo = {"ttft_p99_ms": 1000.0, "tpot_p99_ms": 60.0}
     else:
-        load = {"max_num_seqs": replica["max_num_seqs"], "input_len": 128, "output_len": 16}
+        load = {"max_num_seqs": replica["max_num_seqs"], "input_len": 160, "output_len": 16, "prefix_len": 128}
         # on one of vLLM's TTFT histogram boundaries (2.5 s): Prometheus counts a request as late against the largest
         # boundary at or below the target, so 2,000 ms became 1 s there and the burn alerts fired in the calm phase
         slo = {"ttft_p99_ms": 2500.0, "tpot_p99_ms": 250.0}
@@ -187,15 +192,23 @@ def _lab23(p: runtime.Profile, quick: bool) -> dict[str, Any]:
     # fewer requests than the mean in three runs, an effective 1.16 x, and in one p99 TTFT met the SLO), with headroom
     # left for the two-replica fix even on a 2-core machine, where the router, Prometheus and the client share the
     # replicas' cores (measured: at 1.6 x, two replicas still queued 5)
-    calm, overload, fixed_replicas = 0.5, 1.5, 2
+    calm, overload, fixed_replicas, prefixes = 0.5, 1.5, 2, 4
     request = load["input_len"] + load["output_len"]
+    # the autoscaler's way back in (Kubernetes' HPA rule): the requests in flight have fitted one replica's batch for a
+    # stabilization window, a third of the recovery phase, so the replica leaves while the calm load still runs
+    cooldown = round(phases["recovery_s"] / 3, 1)
     return {"max_model_len": replica["max_model_len"], "max_request_tokens": request,
             "min_gpu_memory_utilization": round(p.utilization / 2, 3) if gpu(p) else None,
             "min_run_s": phases["capacity_s"], "model": model,
             "servers": fleet_["servers"], "together": True,
             "tools": res.tools("PyYAML", "vllm-router", "prometheus", "promtool", "grafana-foundation-sdk"),
             "values": {**load, **phases, **slo, "replica": replica, "calm": calm, "overload": overload,
-                       "fixed_replicas": fixed_replicas,
+                       "fixed_replicas": fixed_replicas, "num_prefixes": prefixes,
+                       # vllm-router's cache-aware policy balances by load only past an imbalance of 64 requests (its
+                       # default): a replica that joins with an empty cache then gets nothing (measured: 217 to 0).
+                       # One batch of imbalance is the limit here
+                       "balance_abs_threshold": replica["max_num_seqs"],
+                       "hold_s": fleet_["values"]["hold_s"], "cooldown_s": cooldown,
                        # a quarter of the batch waiting: crossed within seconds of the overload starting (measured on
                        # CPU: more than 2 waiting took 11 s at 1.6x), so the queue alert fires inside the overload
                        "queue_threshold": max(1, load["max_num_seqs"] // 4), "window": "30s",
@@ -213,6 +226,16 @@ def _lab23(p: runtime.Profile, quick: bool) -> dict[str, Any]:
                        long_enough(p, phases["capacity_s"], load["input_len"], load["output_len"],
                                     batch=load["max_num_seqs"], what="the capacity run", model=model),
                        {"claim": f"the overload ({overload} x one replica) exceeds one replica and fits in "
-                                 f"{fixed_replicas}, so the fix can hold it", "ok": 1 < overload < fixed_replicas}]}
+                                 f"{fixed_replicas}, so the fix can hold it", "ok": 1 < overload < fixed_replicas},
+                       {"claim": f"the {prefixes} shared prefixes ({load['prefix_len']:,} tokens each) and a full batch "
+                                 "fit in a replica's cache together, so a prefix routed home stays cached",
+                        "ok": prefixes * load["prefix_len"] + load["max_num_seqs"] * request
+                              <= fleet_["values"]["cache_tokens"] and load["prefix_len"] < load["input_len"]},
+                       {"claim": f"the shared prefix ({load['prefix_len']:,} tokens) is whole blocks of the device's "
+                                 f"default size ({block}), so the prefix cache can hit it",
+                        "ok": load["prefix_len"] % block == 0 and load["prefix_len"] >= block},
+                       {"claim": f"the scale-in's stabilization window ({cooldown:g} s) is under half the recovery "
+                                 f"phase ({phases['recovery_s']:g} s): the replica can leave while the calm load runs",
+                        "ok": 0 < cooldown <= phases["recovery_s"] / 2}]}
 
 

@@ -440,6 +440,29 @@ def _doctor_calm_miss(ns):
      Doctor("the deliverable lost the routing half",
             lambda ns: ns["written"]["json"].write_text(json.dumps({"autoscaling": {}, "observability": {}})),
             'set(json.loads(written["json"].read_text()))'),
+     Doctor("the dashboard answered nothing over the autoscaled run",
+            lambda ns: ns["fix_numbers"].__setitem__("samples", 0), 'set(json.loads(written["json"].read_text()))'),
+     Doctor("the autoscaler never scaled out", lambda ns: ns["scaler"].events.clear(),
+            "out_event is not None and out_event.error is None"),
+     Doctor("the standby joined but never served", lambda ns: setattr(ns["scaler"].events[0], "first_served_s", None),
+            "out_event is not None and out_event.error is None"),
+     # the rule fired 2 s into the run: in the calm phase, before any overload
+     Doctor("it scaled out before the overload", lambda ns: setattr(ns["scaler"].events[0], "decision_s", 2.0),
+            "overload_start <= out_event.decision_s + to_run <= overload_end"),
+     Doctor("it never scaled back in", lambda ns: ns["scaler"].scale_ins.clear(),
+            "in_event is not None and in_event.error is None"),
+     Doctor("the replica left before its requests finished",
+            lambda ns: setattr(ns["scaler"].scale_ins[0], "drained_s", None),
+            "in_event is not None and in_event.error is None"),
+     # the scale-in rule fired 30 s into the run, in the middle of the overload (15-40 s)
+     Doctor("it scaled in during the overload", lambda ns: setattr(ns["scaler"].scale_ins[0], "decision_s", 30.0),
+            "in_event.decision_s + to_run >= overload_end"),
+     Doctor("the router made no prefix decision", lambda ns: ns["routed"].decisions.clear(),
+            'routed.decisions.get("prefix_hit", 0) > 0'),
+     # 40 of every 128 prompt tokens hit where cache-aware routing allows 92 of 128
+     Doctor("the prefix cache barely hit", lambda ns: [setattr(v, "prefix_cache_hits", v.prefix_cache_queries * 40 / 128)
+                                                       for v in ns["routed"].views],
+            "routed.hit_rate >= 0.5 * predicted_hit"),
      )
 def lab_23(tmp: Path) -> dict[str, Any]:
     # Lab 23 on the cpu profile (the quick plan, run with an earlier plan's overload: calm 15 s at 0.5 x capacity,
@@ -465,8 +488,24 @@ def lab_23(tmp: Path) -> dict[str, Any]:
                       "VllmTTFTBudgetBurn1m": {"pending_s": 30.0, "firing_s": 35.0},
                       "VllmTTFTBudgetBurn2m": {"pending_s": 33.0, "firing_s": None}},
               results={q.expr: {"data": {"result": [{"value": [0, "1"]}]}} for p in specs for q in p.queries})
+    # the autoscaled run (its clock started 0.2 s before the run's): the rule fired 21.4 s into the run, the warm
+    # standby served from 22.6 s; in flight fitted one replica from 44 s and it left at 49.2 s, drained by 49.9 s
+    scaler = SimpleNamespace(t0_wall=_T0_23 + 199.8, events=[fleet.ScaleOut(
+        decision_s=21.6, waiting=2.0, replicas_before=1, healthy_s=21.6, registered_s=21.7, first_served_s=22.8,
+        url="http://127.0.0.1:40362")], scale_ins=[fleet.ScaleIn(
+        decision_s=49.4, in_flight=3.0, replicas_before=2, url="http://127.0.0.1:40362", removed_s=49.4,
+        drained_s=50.1)])
+    # each replica's prefix cache over the run: 128-token prompts whose 96 shared tokens (6 blocks of 16) all hit
+    # after the first of each prefix on each replica; 33 and 28 requests; the router's decisions as vllm-router counts
+    views = [ServerView(requests=n, prefix_cache_queries=128.0 * n, prefix_cache_hits=96.0 * (n - 2)) for n in (33, 28)]
+    ns.update(t_fix=_T0_23 + 200, scaler=scaler, routed=fleet.RoutingRun("cache_aware", ns["after"], views,
+                                                                          {"prefix_hit": 57.0, "prefix_miss": 4.0}),
+              replica_a=SimpleNamespace(startup=SimpleNamespace(block_size=16, num_blocks=119)),
+              fix_numbers=pd.DataFrame([{"panel": "Requests waiting per replica", "line": "127.0.0.1:40361",
+                                         "mean": 0.2, "peak": 2.0, "last": 0.0, "samples": 64, "target": 1.0}]))
     written = {"json": tmp / "results.json"}
-    written["json"].write_text(json.dumps({"routing": {}, "autoscaling": {}, "observability": {}, "files": []}))
+    written["json"].write_text(json.dumps({"routing": {}, "autoscaling": {}, "dashboard": [], "observability": {},
+                                           "files": []}))
     ns["written"] = written
     return ns
 
