@@ -76,20 +76,34 @@ def _lab20(p: runtime.Profile, quick: bool) -> dict[str, Any]:
     util = round(p.utilization / 2, 3) if gpu(p) else None
     servers = [res.server(name, p, max_len, utilization=util, kv_bytes=kv_bytes, model=model)
                for name in ("prefill (kv_producer)", "decode (kv_consumer)")]
+    # section 5, decode isolation: steady streams while long prompts arrive, on one server and through P/D. A long
+    # prompt as long as one step's token budget holds beside the streams (the profile's budget here; the lab reads
+    # the live server's), so on one server its prefill is a single step every stream waits for
+    decoders = 2 if quick else 4
+    budget = int(p.engine_args.get("max_num_batched_tokens", 2048))
+    stall_prompt = min(lengths[-1], budget - decoders) // 16 * 16
+    stall = {"decoders": decoders, "long_prompts": 3 if quick else 4, "lead_s": 0.2 if gpu(p) else 0.5,
+             "spacing": 1.5, "min_output": 64 if quick else 128, "max_output": min(max_len - 64 - 8, 1024)}
     store = 2 * repeats * sum(lengths) * per_token  # every prompt's KV, through P/D and on one server (a producer)
+    stall_store = 2 * (decoders * 64 + stall["long_prompts"] * stall_prompt) * per_token   # section 5, both paths
     return {"max_model_len": max_len, "max_request_tokens": lengths[-1] + out,
             "min_gpu_memory_utilization": util, "min_run_s": 0.0, "model": model,
             "values": {"prompt_lengths": lengths, "output_len": out, "repeats": repeats,
-                       "decoders": 2 if quick else 4, "decode_output": 64 if quick else 128,
-                       "kv_cache_memory_bytes": kv_bytes,
+                       "stall": stall, "kv_cache_memory_bytes": kv_bytes,
                        "links": ["nvlink4", "pcie5", "ib_ndr", "ethernet_100g"]},
             "servers": servers, "together": True,
             "formats": res.formats(p, ("connector", "ExampleConnector")),
             "disk_bytes": res.disk(res.item(f"the KV store: {2 * repeats * len(lengths)} prompts' blocks", store),
+                                   res.item("the KV store: section 5's streams and long prompts", stall_store),
                                    *_model_download(p, model), one_at_a_time=False),
             "tools": res.tools("PyYAML", "vllm-router"),
             "checks": [fits_context(lengths[-1] + out, max_len, "the longest prompt"),
-                       shared_gpu_fit(p, 2, max_len, model)]}
+                       shared_gpu_fit(p, 2, max_len, model),
+                       {"claim": f"section 5's long prompt ({stall_prompt:,} tokens) fits one step's token budget "
+                                 f"({budget:,}) beside {decoders} streams, and is within the lengths section 3 measures "
+                                 "its prefill at: on one server it stalls them for a whole step, of a predicted length",
+                        "ok": lengths[0] // 2 <= stall_prompt <= min(lengths[-1], budget - decoders)},
+                       fits_context(64 + stall["max_output"], max_len, "a decode stream of section 5")]}
 
 
 @register("21")

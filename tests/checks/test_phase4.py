@@ -185,6 +185,16 @@ def _doctor_pd_faster(ns):
      Doctor("the store holds 5% more bytes than the KV predicted",
             lambda ns: ns["store"].update(bytes=int(ns["store"]["bytes"] * 1.05)), 'abs(store["bytes"]'),
      Doctor("P/D was no slower than one server here", _doctor_pd_faster, '(wide["P/D overhead (ms)"] > 0)'),
+     Doctor("a stream failed through P/D", lambda ns: setattr(ns["isolation"]["P/D"]["decode"].summary, "failed", 1),
+            'iso["failed"].sum() == 0'),
+     # the streams' worst gap on one server was 220 ms: no prefill stalled them, so there was nothing to isolate
+     Doctor("the long prompts never stalled one server's streams",
+            lambda ns: setattr(ns["isolation"]["one server"]["decode"].summary, "itl_ms", make_dist(62, max=220.0)),
+            'iso.loc["one server", "worst gap (ms)"] >= 0.5 * t_prefill'),
+     # P/D's streams waited 900 ms once: a prefill (or the load of its blocks) stalled the decode server too
+     Doctor("P/D's streams stalled as well",
+            lambda ns: setattr(ns["isolation"]["P/D"]["decode"].summary, "itl_ms", make_dist(62, max=900.0)),
+            'iso.loc["P/D", "worst gap (ms)"] < 0.5'),
      )
 def lab_20(tmp: Path) -> dict[str, Any]:
     # Lab 20 on the cpu profile (quick plan: prompts of 256 and 1,024 tokens, 2 each, 16 output tokens; smollm2 in
@@ -205,9 +215,18 @@ def lab_20(tmp: Path) -> dict[str, Any]:
     saved_blocks = sum(kvstore.stored_tokens(n, block) for n in lengths) * repeats * 2
     store = {"prompts": 8, "files": 8 * 30, "bytes": saved_blocks * per_token + 8 * 30 * 120}
     links = ["nvlink4", "pcie5", "ib_ndr", "ethernet_100g"]
+    # section 5: two streams of 64 tokens while three 1,024-token prompts arrive. One server: each prefill (1.3 s, as
+    # section 3 measured it) held both streams' next token, worst gap 1,410 ms; P/D: the decode server only read the
+    # blocks, inside a step (ExampleConnector loads synchronously), worst gap 330 ms. A decode step: 28 ms.
+    def stall_run(worst: float, p99: float, ttft: float) -> dict[str, RunResult]:
+        return {"decode": make_run(completed=2, itl_ms=make_dist(126, p50=29.0, p99=p99, max=worst)),
+                "prompts": make_run(completed=3, ttft_ms=make_dist(3, p50=ttft))}
+
+    isolation = {"one server": stall_run(1410.0, 1380.0, 1350.0), "P/D": stall_run(330.0, 240.0, 2700.0)}
     return dict(runs=runs, PLAN={"output_len": out, "links": links}, before_d=_decode_scrape(5120.0),
                 after_d=_decode_scrape(5120.0 + repeats * (128 + 896)), store=store, REPEATS=repeats,
-                PROMPT_LENGTHS=lengths, kvstore=kvstore, block=block, per_token=per_token, pd=pd, np=np)
+                PROMPT_LENGTHS=lengths, kvstore=kvstore, block=block, per_token=per_token, pd=pd, np=np,
+                isolation=isolation, t_prefill=1300.0, t_step=28.0, LONG=1024)
 
 
 _HITS_21 = {("no tier", "cold"): (0.0, 0.0), ("no tier", "warm"): (1792.0, 0.0), ("no tier", "flush"): (0.0, 0.0),
