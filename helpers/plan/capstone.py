@@ -50,6 +50,9 @@ def _lab24(p: runtime.Profile, quick: bool) -> dict[str, Any]:
     # design's server, at the profile's utilization, is stopped first); on a CPU each sizes its KV pool in RAM. Where
     # two copies of the profile's model do not share the card (an 8B on an L4), both serve the fleet labs' model.
     operate_util = round(p.utilization / 2, 2) if gpu(p) else None
+    fp8_kv = {"kv_cache_dtype": "fp8"}
+    ngram = {"speculative_config": {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4,
+                                    "prompt_lookup_min": 2}}
     model = fleet_model(p)
     operate = {**({"model": model} if model != p.model else {}),
                **({} if operate_util is None else {"gpu_memory_utilization": operate_util})}
@@ -75,9 +78,11 @@ def _lab24(p: runtime.Profile, quick: bool) -> dict[str, Any]:
                        "operate_engine": operate, "canary_percent": 20,
                        "gateway_requests": 200 if gpu(p) else 100, "gateway_output": out if gpu(p) else 8,
                        "gateway_concurrency": concurrencies[-1] if gpu(p) else 8,
-                       "canary_candidates": [{"kv_cache_dtype": "fp8"},
-                                             {"speculative_config": {"method": "ngram", "num_speculative_tokens": 3,
-                                                                     "prompt_lookup_max": 4, "prompt_lookup_min": 2}}],
+                       "canary_candidates": [fp8_kv, ngram],
+                       # two misconceptions measured on the design's engine with one change each, on its own load:
+                       # drafting at one request and at the knee, the FP8 KV cache at the knee
+                       "variants": {"n-gram drafting": {"engine": ngram, "at": ["one request", "knee"]},
+                                    "FP8 KV cache": {"engine": fp8_kv, "at": ["knee"]}},
                        "rate_limit": {"per_second": 5, "burst": 5}, "rate_probe_requests": 40, "stall": stall,
                        # the canary's drift from the baseline, on texts sampled from lab 15's drift set
                        "canary_drift_texts": 8 if quick else 40,
