@@ -167,7 +167,7 @@ class ScaleIn:
 
 @dataclass
 class QueueAutoscaler:
-    """A background loop that applies a :class:`QueueRule` to Prometheus and scales out through a router.
+    """A background loop that applies a :class:`QueueRule` to Prometheus and scales out (and back in) through a router.
 
     ``prom`` answers ``value(expr)`` (a :class:`~helpers.fleet.Prometheus`); ``router`` has ``add_worker`` (a
     :class:`~helpers.fleet.Router`); ``launch()`` starts one replica and returns it ready (a server with ``.url``
