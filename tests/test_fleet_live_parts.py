@@ -201,10 +201,10 @@ def test_scale_in_waits_for_a_whole_stabilization_window_below_one_replica_fewer
 class _InFlightProm(_Prom):
     def __init__(self):
         super().__init__()
-        self.in_flight = 0.0
+        self.load = 0.0
 
     def value(self, expr):
-        return self.in_flight if expr == fleet.autoscaler.IN_FLIGHT_QUERY else self.waiting
+        return self.load if expr == fleet.autoscaler.IN_FLIGHT_QUERY else self.waiting
 
 
 class _FleetReplica(_Replica):
@@ -244,16 +244,16 @@ def test_autoscaler_scales_out_then_in_drains_before_retiring_and_keeps_the_firs
                                    rule=fleet.QueueRule(2, 0.1, scale_in_target=4, cooldown_s=0.3),
                                    retire=retired.append)
     with scaler:
-        prom.waiting, prom.in_flight = 6.0, 12.0
+        prom.waiting, prom.load = 6.0, 12.0
         assert _wait(lambda: router.added)
         time.sleep(0.2)
         assert scaler.events[-1].first_served_s is None        # its earlier requests do not count as serving here
         replica.done += 1
         assert scaler.wait_for_serving(5).first_served_s is not None
-        prom.waiting, prom.in_flight = 0.0, 6.0                 # the queue is gone but 6 need both replicas
+        prom.waiting, prom.load = 0.0, 6.0                 # the queue is gone but 6 need both replicas
         time.sleep(0.6)
         assert not scaler.scale_ins
-        replica.holding, prom.in_flight = 2.0, 3.0              # the load falls; the replica still holds two
+        replica.holding, prom.load = 2.0, 3.0              # the load falls; the replica still holds two
         assert _wait(lambda: router.removed)
         time.sleep(0.2)
         assert retired == [] and scaler.scale_ins[-1].drained_s is None   # not stopped while it holds requests
@@ -264,4 +264,4 @@ def test_autoscaler_scales_out_then_in_drains_before_retiring_and_keeps_the_firs
     assert event.error is None and event.decision_s < event.removed_s <= event.drained_s <= event.retired_s
     assert event.decision_s - scaler.events[-1].first_served_s >= 0.3   # a whole window after the last busy sample
     assert len(scaler.scale_ins) == 1
-    assert "in_flight" in scaler.frame()
+    assert "load" in scaler.frame()

@@ -10,8 +10,9 @@
 
 Out: the rule KEDA's ScaledObject and the fleet's ``VllmQueueBuilding`` alert use: waiting requests per ready
 replica at or above ``threshold`` for ``hold_s``. In (only with ``scale_in_target``): Kubernetes' HPA rule for a
-scale-down, applied to requests in flight (running + waiting): the count it wants, ``ceil(in_flight /
-scale_in_target)``, has stayed below the count serving for a whole stabilization window (``cooldown_s``). Both are
+scale-down, applied to a load (``load_query``: requests in flight by default, or the fleet's completions per second,
+:func:`completion_rate_query`): the count it wants, ``ceil(load / scale_in_target)``, has stayed below the count
+serving for a whole stabilization window (``cooldown_s``). Both are
 pure functions of samples (:func:`decide`, :func:`decide_in`), so a lab can replay them on the recorded series and a
 test can check them without a fleet.
 
@@ -35,19 +36,29 @@ from typing import Any, Callable, Sequence
 from .. import metrics
 
 __all__ = ["QueueRule", "ScaleOut", "ScaleIn", "QueueAutoscaler", "decide", "decide_in", "WAITING_QUERY",
-           "IN_FLIGHT_QUERY"]
+           "IN_FLIGHT_QUERY", "completion_rate_query"]
 
 #: Requests waiting in every replica's scheduler queue, summed over the fleet (vLLM's own gauge).
 WAITING_QUERY = 'sum(vllm:num_requests_waiting{job="vllm"})'
-#: Requests in flight (running + waiting), summed over the fleet: what a scale-in must still hold.
+#: Requests in flight (running + waiting), summed over the fleet: the default scale-in load.
 IN_FLIGHT_QUERY = 'sum(vllm:num_requests_running{job="vllm"}) + sum(vllm:num_requests_waiting{job="vllm"})'
+
+
+def completion_rate_query(window: str = "5s") -> str:
+    """Requests the fleet finishes per second over ``window``: a scale-in load in the units of a replica's measured
+    capacity. (Requests in flight understate an overload a fleet keeps up with: in lab 23 two replicas at 1.5 x one
+    replica's capacity held 4 or fewer for 5 s, and a rule on them scaled in mid-overload.)
+
+    Introduced in lab 23 (Observability and the Postmortem).
+    """
+    return f'sum(rate(vllm:request_success_total{{job="vllm"}}[{window}]))'
 
 
 @dataclass(frozen=True)
 class QueueRule:
     """Scale out by one replica when waiting requests per replica stay at or above ``threshold`` for ``hold_s``;
-    scale in by one when the requests in flight would have fitted ``scale_in_target`` per replica on one replica
-    fewer for ``cooldown_s`` (``scale_in_target=None``: never scale in).
+    scale in by one when the load (the autoscaler's ``load_query``) would have fitted ``scale_in_target`` per replica
+    on one replica fewer for ``cooldown_s`` (``scale_in_target=None``: never scale in).
 
     Introduced in lab 22 (Routing and Autoscaling); scale-in in lab 23 (Observability and the Postmortem).
     """
@@ -63,8 +74,8 @@ class QueueRule:
         if not (self.hold_s >= 0 and math.isfinite(self.hold_s)):
             raise ValueError(f"hold_s={self.hold_s!r}: give seconds the queue must stay above threshold, e.g. 3")
         if self.scale_in_target is not None and not (self.scale_in_target > 0 and math.isfinite(self.scale_in_target)):
-            raise ValueError(f"scale_in_target={self.scale_in_target!r}: give requests in flight one replica should "
-                             "carry (its max_num_seqs, say), or None to never scale in")
+            raise ValueError(f"scale_in_target={self.scale_in_target!r}: give the load one replica should carry "
+                             "(requests in flight, or requests/s), or None to never scale in")
         if not (self.cooldown_s >= 0 and math.isfinite(self.cooldown_s)):
             raise ValueError(f"cooldown_s={self.cooldown_s!r}: give seconds the fleet must have fitted in one replica "
                              "fewer before one leaves, e.g. 30")
@@ -92,8 +103,8 @@ def decide(samples: Sequence[tuple[float, float]], rule: QueueRule, replicas: in
 
 
 def decide_in(samples: Sequence[tuple[float, float]], rule: QueueRule, replicas: int) -> float | None:
-    """The time at which ``rule`` scales in on ``samples`` (``(t, requests in flight summed over the fleet)``, in time
-    order), or ``None``: the first t at which ``ceil(in_flight / rule.scale_in_target)`` has been below ``replicas``
+    """The time at which ``rule`` scales in on ``samples`` (``(t, the fleet's load)``, in time order), or ``None``:
+    the first t at which ``ceil(load / rule.scale_in_target)`` has been below ``replicas``
     at every sample since t - cooldown_s (HPA's scale-down stabilization window: it takes the largest count wanted
     in the window). Never below one replica; a missing sample breaks the window.
 
@@ -103,8 +114,8 @@ def decide_in(samples: Sequence[tuple[float, float]], rule: QueueRule, replicas:
         return None
     fits = rule.scale_in_target * (replicas - 1)
     since: float | None = None
-    for t, in_flight in samples:
-        if in_flight == in_flight and in_flight <= fits:
+    for t, load in samples:
+        if load == load and load <= fits:
             since = t if since is None else since
             if t - since >= rule.cooldown_s:
                 return t
@@ -153,7 +164,7 @@ class ScaleIn:
     """
 
     decision_s: float
-    in_flight: float
+    load: float
     replicas_before: int
     url: str | None = None
     removed_s: float | None = None
@@ -174,7 +185,7 @@ class QueueAutoscaler:
     and ``.metrics()``). At most ``max_replicas`` in all; ``replicas`` is how many serve at the start, and it never
     scales in below them (only replicas it added leave, the last added first, through the router's
     ``remove_worker``; ``retire(replica)``, if given, then stops it: without it the replica stays up, a warm
-    standby the next scale-out can ``launch`` again). Samples (``t``, waiting; ``t``, in flight; seconds since
+    standby the next scale-out can ``launch`` again). Samples (``t``, waiting; ``t``, load; seconds since
     :meth:`start`, which was at wall-clock ``t0_wall``), every :class:`ScaleOut` (``events``) and every
     :class:`ScaleIn` (``scale_ins``) are kept; replicas it started are in ``started`` (the caller stops them, or
     :meth:`stop` with ``stop_started=True``).
@@ -190,12 +201,12 @@ class QueueAutoscaler:
     max_replicas: int = 2
     interval_s: float = 0.5
     query: str = WAITING_QUERY
-    in_flight_query: str = IN_FLIGHT_QUERY
+    load_query: str = IN_FLIGHT_QUERY
     retire: Callable[[Any], None] | None = None
     served_timeout_s: float = 300.0
     drain_timeout_s: float = 300.0
     samples: list[tuple[float, float]] = field(default_factory=list)
-    in_flight: list[tuple[float, float]] = field(default_factory=list)
+    load: list[tuple[float, float]] = field(default_factory=list)
     events: list[ScaleOut] = field(default_factory=list)
     scale_ins: list[ScaleIn] = field(default_factory=list)
     started: list[Any] = field(default_factory=list)
@@ -240,10 +251,10 @@ class QueueAutoscaler:
                 self.samples.append((t, waiting))
             window.append((t, waiting))
             if scales_in:
-                in_flight = self._sample(self.in_flight_query)
+                load = self._sample(self.load_query)
                 with self._lock:
-                    self.in_flight.append((t, in_flight))
-                window_in.append((t, in_flight))
+                    self.load.append((t, load))
+                window_in.append((t, load))
             if self._serving:
                 self._watch_serving()
             if self.replicas < self.max_replicas and decide(window, self.rule, self.replicas) is not None:
@@ -282,9 +293,9 @@ class QueueAutoscaler:
                 waiting.append((event, replica, done_before, deadline))
         self._serving = waiting
 
-    def _scale_in(self, t: float, in_flight: float) -> None:
+    def _scale_in(self, t: float, load: float) -> None:
         replica = self._added[-1]
-        event = ScaleIn(decision_s=t, in_flight=in_flight, replicas_before=self.replicas, url=replica.url)
+        event = ScaleIn(decision_s=t, load=load, replicas_before=self.replicas, url=replica.url)
         self.scale_ins.append(event)
         try:
             self.router.remove_worker(replica)      # no new requests; those it holds finish there
@@ -334,14 +345,14 @@ class QueueAutoscaler:
 
     def frame(self):
         """The samples as a DataFrame: ``t_s``, ``waiting``, ``threshold`` (per replica) and, where it scales in,
-        ``in_flight``."""
+        ``load`` (the scale-in query's answer)."""
         import pandas as pd
 
         with self._lock:
-            rows, in_flight = list(self.samples), dict(self.in_flight)
+            rows, load = list(self.samples), dict(self.load)
         frame = pd.DataFrame(rows, columns=["t_s", "waiting"]).assign(threshold=self.rule.threshold)
-        if in_flight:
-            frame["in_flight"] = frame["t_s"].map(in_flight)
+        if load:
+            frame["load"] = frame["t_s"].map(load)
         return frame
 
     def __enter__(self) -> "QueueAutoscaler":

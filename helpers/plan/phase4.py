@@ -208,9 +208,11 @@ def _lab23(p: runtime.Profile, quick: bool) -> dict[str, Any]:
     # replicas' cores (measured: at 1.6 x, two replicas still queued 5)
     calm, overload, fixed_replicas, prefixes = 0.5, 1.5, 2, 4
     request = load["input_len"] + load["output_len"]
-    # the autoscaler's way back in (Kubernetes' HPA rule): the requests in flight have fitted one replica's batch for a
-    # stabilization window, a third of the recovery phase, so the replica leaves while the calm load still runs
-    cooldown = round(phases["recovery_s"] / 3, 1)
+    # the autoscaler's way back in (Kubernetes' HPA rule on a requests/s metric): the fleet's completions have fitted
+    # one replica fewer at scale_in_share of its measured capacity for a stabilization window, a third of the recovery
+    # phase, so the replica leaves while the calm load still runs. Requests in flight were the first load tried: two
+    # replicas at 1.5 x held 4 or fewer (one batch) for 5 s, and the replica left mid-overload in CI
+    cooldown, scale_in_share = round(phases["recovery_s"] / 3, 1), 0.75
     return {"max_model_len": replica["max_model_len"], "max_request_tokens": request,
             "min_gpu_memory_utilization": round(p.utilization / 2, 3) if gpu(p) else None,
             "min_run_s": phases["capacity_s"], "model": model,
@@ -223,6 +225,7 @@ def _lab23(p: runtime.Profile, quick: bool) -> dict[str, Any]:
                        # One batch of imbalance is the limit here
                        "balance_abs_threshold": replica["max_num_seqs"],
                        "hold_s": fleet_["values"]["hold_s"], "cooldown_s": cooldown,
+                       "scale_in_share": scale_in_share, "scale_in_window": "5s",
                        # a quarter of the batch waiting: crossed within seconds of the overload starting (measured on
                        # CPU: more than 2 waiting took 11 s at 1.6x), so the queue alert fires inside the overload
                        "queue_threshold": max(1, load["max_num_seqs"] // 4), "window": "30s",
@@ -248,6 +251,9 @@ def _lab23(p: runtime.Profile, quick: bool) -> dict[str, Any]:
                        {"claim": f"the shared prefix ({load['prefix_len']:,} tokens) is whole blocks of the device's "
                                  f"default size ({block}), so the prefix cache can hit it",
                         "ok": load["prefix_len"] % block == 0 and load["prefix_len"] >= block},
+                       {"claim": f"the calm load ({calm} x one replica) fits one replica at the scale-in share "
+                                 f"({scale_in_share}) and the overload ({overload} x) does not: the replica can leave "
+                                 "only after it", "ok": calm < scale_in_share < overload},
                        {"claim": f"the scale-in's stabilization window ({cooldown:g} s) is under half the recovery "
                                  f"phase ({phases['recovery_s']:g} s): the replica can leave while the calm load runs",
                         "ok": 0 < cooldown <= phases["recovery_s"] / 2}]}

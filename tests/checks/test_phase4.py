@@ -512,7 +512,7 @@ def lab_23(tmp: Path) -> dict[str, Any]:
     scaler = SimpleNamespace(t0_wall=_T0_23 + 199.8, events=[fleet.ScaleOut(
         decision_s=21.6, waiting=2.0, replicas_before=1, healthy_s=21.6, registered_s=21.7, first_served_s=22.8,
         url="http://127.0.0.1:40362")], scale_ins=[fleet.ScaleIn(
-        decision_s=49.4, in_flight=3.0, replicas_before=2, url="http://127.0.0.1:40362", removed_s=49.4,
+        decision_s=49.4, load=3.0, replicas_before=2, url="http://127.0.0.1:40362", removed_s=49.4,
         drained_s=50.1)])
     # each replica's prefix cache over the run: 128-token prompts whose 96 shared tokens (6 blocks of 16) all hit
     # after the first of each prefix on each replica; 33 and 28 requests; the router's decisions as vllm-router counts
