@@ -451,6 +451,40 @@ def test_room_is_made_first_by_stopping_a_plain_server_that_a_swappable_twin_als
         s.stop()
 
 
+def test_two_starts_from_threads_each_make_room_beside_two_parked_servers(fake, monkeypatch):
+    """Lab 20 starts its prefill and decode servers together while two earlier labs' servers are parked. The first
+    start stopped one, launched, released the slot lock, and only then dropped its place in line; the second,
+    already waiting on the lock, counted that stale place as a waiter ahead of it and was refused (a fresh-clone CI
+    failed so). A pause after the lock's release holds that window open."""
+    monkeypatch.setenv("LABS_MAX_SERVERS", "2")
+    for args in ({"max_model_len": 2048}, {"max_model_len": 4096}):
+        fake(reuse=True, engine_args=args).start().stop()  # parked, each with its own arguments
+    real_lock = server.core._slot_lock
+
+    @contextlib.contextmanager
+    def slow_release():
+        with real_lock():
+            yield
+        time.sleep(0.5)
+
+    monkeypatch.setattr(server.core, "_slot_lock", slow_release)
+    starts = [fake(engine_args={"max_model_len": n}) for n in (1024, 512)]
+    errors = []
+
+    def start(s):
+        try:
+            s.start()
+        except server.TooManyServers as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=start, args=(s,)) for s in starts]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors and all(s.running for s in starts), errors
+
+
 def test_swap_weights_loads_a_same_shape_checkpoint_in_place_and_parks_only_its_own_weights(fake, tmp_path):
     with pytest.raises(ValueError, match="development routes"):
         fake(host="0.0.0.0", api_key="secret", behind_auth_proxy=True, swappable=True)

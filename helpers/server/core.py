@@ -319,7 +319,12 @@ class Server(Listener):
                             if len(running) + ahead < limit and not self._card_short(running):
                                 break
                     if len(running) + ahead < limit and not self._card_short(running):  # a slot for every earlier
-                        # waiter, one for us, and on a GPU room on the card
+                        # waiter, one for us, and on a GPU room on the card. Leave the line while still holding the
+                        # lock: a start waiting on it (lab 20's second server, from a thread) counted this ticket
+                        # as a waiter ahead of it and was refused.
+                        if ticket is not None:
+                            ticket.unlink(missing_ok=True)
+                            ticket = None
                         if then is not None:
                             then()
                         return
