@@ -318,3 +318,30 @@ def test_capacity_is_what_the_server_completes_per_second_in_lockstep(cal):
     assert cap.tokens_per_request == N_OUT and cap.concurrency == 4
     assert cap.requests_per_s == pytest.approx(truth, rel=0.03)   # measured 22.24-22.29 (completions counted: 23.4)
     assert cap.output_tokens_per_s == pytest.approx(cap.requests_per_s * N_OUT)
+
+
+def test_options_come_in_typed_groups_and_a_named_field_wins():
+    size = bench.Size(num_requests=200, warmup=8)
+    s, snd, rec = bench.options.resolve_options(size, None, None, seed=3, label="x", workers="auto")
+    assert (s.num_requests, s.warmup, s.seed, rec.label, snd.workers) == (200, 8, 3, "x", "auto")
+    s, _, _ = bench.options.resolve_options(size, duration_s=30)   # sized in seconds at the call: not also 200
+    assert (s.num_requests, s.duration_s, s.warmup) == (None, 30, 8)
+    with pytest.raises(TypeError, match="unknown option.*num_request\\b.*it takes num_requests"):
+        bench.options.resolve_options(num_request=5)
+    with pytest.raises(TypeError, match="size= takes a bench.Size"):
+        bench.options.resolve_options(bench.Recording())
+    with pytest.raises(ValueError, match="not both"):
+        bench.Size(num_requests=5, duration_s=5)
+
+
+def test_a_run_told_in_groups_is_the_run_told_by_name(cal):
+    """The same run, once by named options and once by typed groups: the same requests sent, the same config."""
+    by_name = bench.run(workload(6, out=2, tag="g", warmup=2), Synchronous(), base_url=cal.base_url, num_requests=4,
+                        warmup=2, seed=7, temperature=0.5, label="g", out=False, progress=False, server_metrics=False)
+    grouped = bench.run(workload(6, out=2, tag="g", warmup=2), Synchronous(), base_url=cal.base_url,
+                        size=bench.Size(num_requests=4, warmup=2, seed=7), sending=bench.Sending(temperature=0.5),
+                        recording=bench.Recording(label="g", out=False, progress=False, server_metrics=False))
+    keep = ("num_requests", "warmup", "seed", "temperature", "label", "server_metrics", "out", "timeout_s")
+    assert {k: by_name.config[k] for k in keep} == {k: grouped.config[k] for k in keep}
+    assert by_name.config["num_requests"] == 4 and by_name.config["warmup"] == 2 and grouped.config["seed"] == 7
+    assert [r.id for r in by_name.records] == [r.id for r in grouped.records] == ["0", "1", "2", "3"]

@@ -20,8 +20,9 @@ starts a server with known latencies to check any load generator against.
 Modules, leaves first (each imports only those before it): ``records`` (typed request records; every metric
 defined once) -> ``arrivals``, ``workloads`` (+ ``lengths``, ``conversations``, ``traces``), ``client``,
 ``health`` (is the client the bottleneck?) -> ``dispatch`` (sending from one event loop) -> ``workers`` (from
-several processes); ``stats`` (distributions, windows, the two goodputs; no files) -> ``store`` (a run's folder;
-:class:`RunResult`; :func:`load_run`) -> ``charts``; ``harness`` (a run's thread) -> ``runner`` (:func:`run`)
+several processes); ``options`` (a run's size, sending and recording: typed groups); ``stats`` (distributions,
+windows, the two goodputs; no files) -> ``store`` (a run's folder; :class:`RunResult`; :func:`load_run`) ->
+``charts``; ``harness`` (a run's thread) -> ``runner`` (:func:`run`)
 -> ``batching`` (static batches, for comparison), ``search`` (:func:`sweep`, :func:`find_max_rate`) -> ``report``
 (the Phase 2 artifact). ``calibration`` stands apart (a server with known latencies, on one or N processes).
 """
@@ -33,6 +34,7 @@ from .calibration import CalibrationConfig, CalibrationServer
 from .client import ClientConfig, StreamParser, build_payload
 from .conversations import CONVERSATIONS, Conversations
 from .health import ClientLimits, LoopHealth
+from .options import Recording, Sending, Size
 from .lengths import Histogram, LengthDist, Normal, Uniform, VariableLength, parse_length
 from .records import Request, RequestResult, Timings, chunk_gaps, itl_values
 from .report import BenchmarkReport, ConfigResult
@@ -58,7 +60,7 @@ __all__ = [
     # client
     "ClientConfig", "StreamParser", "build_payload", "ClientLimits", "LoopHealth",
     # running and saved runs
-    "run", "together", "stall_load", "stall_pacing", "Target", "target_of", "reconcile", "choose_workers", "RunResult", "RunFolder", "load_run", "records_of",
+    "run", "Size", "Sending", "Recording", "together", "stall_load", "stall_pacing", "Target", "target_of", "reconcile", "choose_workers", "RunResult", "RunFolder", "load_run", "records_of",
     # static batching, for comparison; reading a measured curve
     "static_batches", "with_output_lengths", "decode_steps_ms", "interpolate",
     # searches

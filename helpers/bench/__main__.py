@@ -26,6 +26,7 @@ from typing import Sequence
 from .arrivals import make_arrivals
 from .conversations import CONVERSATIONS, Conversations
 from .lengths import VariableLength, parse_length
+from .options import Recording, Sending, Size
 from .runner import run
 from .stats import SLO
 from .store import compare, load_run
@@ -161,11 +162,13 @@ def _cmd_run(a: argparse.Namespace, argv: Sequence[str]) -> int:
     num = a.num_requests if a.num_requests is not None or a.duration is not None else 100
     if isinstance(spec, Trace) and a.num_requests is None and a.duration is None:
         num = len(spec.rows())
-    res = run(spec, arrivals, base_url=a.base_url, model=a.model, num_requests=num, duration_s=a.duration,
-              warmup=a.warmup, seed=a.seed, out=a.out or True, api_key=os.environ.get(a.api_key_env) or None,
-              timeout_s=a.timeout, temperature=a.temperature, vllm_extras=not a.no_vllm_extras, slo=_slo(a),
-              server_metrics=not a.no_server_metrics, sample_interval_s=a.sample_interval, workers=a.workers,
-              progress=not a.no_progress, command=" ".join(["python", "-m", "helpers.bench", *map(shlex.quote, argv)]))
+    res = run(spec, arrivals, base_url=a.base_url, model=a.model, api_key=os.environ.get(a.api_key_env) or None,
+              slo=_slo(a), size=Size(num_requests=num, duration_s=a.duration, warmup=a.warmup, seed=a.seed),
+              sending=Sending(temperature=a.temperature, timeout_s=a.timeout, vllm_extras=not a.no_vllm_extras,
+                              workers=a.workers),
+              recording=Recording(out=a.out or True, progress=not a.no_progress, server_metrics=not a.no_server_metrics,
+                                  sample_interval_s=a.sample_interval,
+                                  command=" ".join(["python", "-m", "helpers.bench", *map(shlex.quote, argv)])))
     if a.json:
         print(json.dumps(res.summary.as_dict(), indent=2))
     else:

@@ -44,6 +44,7 @@ from .arrivals import Arrivals, Concurrent, ConstantRate, Synchronous
 from .client import ClientConfig
 from .harness import Harness, Supply
 from .health import ClientLimits, client_report, judge
+from .options import Recording, Sending, Size, resolve_options
 from .records import Request, RequestResult
 from .stats import SLO, metric_values, summarize
 from .store import RunFolder, RunResult
@@ -277,30 +278,23 @@ def run(
     *,
     base_url: Any,
     model: str | None = None,
-    num_requests: int | None = None,
-    duration_s: float | None = None,
-    warmup: int | None = None,
-    seed: int = 0,
-    out: str | Path | None | bool = None,
     api_key: str | None = None,
-    timeout_s: float = 600.0,
-    temperature: float = 0.0,
-    vllm_extras: bool = True,
-    extra_body: dict[str, Any] | None = None,
+    size: Size | None = None,
+    sending: Sending | None = None,
+    recording: Recording | None = None,
     slo: SLO | None = None,
-    server_metrics: bool = True,
-    sample_interval_s: float = 0.5,
-    progress: bool | None = None,
-    label: str | None = None,
-    command: str | None = None,
-    workers: int | str = 1,
-    client_limits: ClientLimits | None = None,
     stop_when: Callable[[], bool] | None = None,
+    **options: Any,
 ) -> RunResult:
     """Benchmark a server: send ``workload`` under ``arrivals`` (default synchronous) and summarize.
 
-    ``base_url`` is a :class:`helpers.server.Server` or the OpenAI base URL ending in ``/v1``; ``model`` the
-    served name (default: what the server lists). A :class:`WorkloadSpec` is built with ``num_requests``,
+    ``base_url`` is a :class:`helpers.server.Server`, a :class:`Target` or the OpenAI base URL ending in ``/v1``;
+    ``model`` the served name (default: what the server lists). The rest comes in three typed groups
+    (:mod:`helpers.bench.options`): ``size`` (:class:`Size`: ``num_requests`` or ``duration_s``, ``warmup``,
+    ``seed``), ``sending`` (:class:`Sending`: ``temperature``, ``timeout_s``, ``vllm_extras``, ``extra_body``,
+    ``workers``, ``client_limits``) and ``recording`` (:class:`Recording`: ``out``, ``label``, ``command``,
+    ``progress``, ``server_metrics``, ``sample_interval_s``); any of their fields may be passed by name in
+    ``options`` and wins over the group's. A :class:`WorkloadSpec` is built with ``num_requests``,
     ``seed`` and ``warmup`` — and, unless it names its own, with *the served model's tokenizer*, so prompt lengths
     are exact for that model. A built :class:`Workload` is sent as it is. Warmup requests (prompts disjoint from
     the measured ones) run first, closed-loop, and count nowhere. ``slo`` adds goodput to the summary. A trace
@@ -322,23 +316,21 @@ def run(
 
     Introduced in lab 02 (Prefill and Decode).
     """
+    size, sending, recording = resolve_options(size, sending, recording, **options)
+    duration_s, seed, out = size.duration_s, size.seed, recording.out
     if arrivals is None and isinstance(workload, WorkloadSpec):
         arrivals = workload.default_arrivals()
     arrivals = arrivals or Synchronous()
-    if num_requests is not None and duration_s is not None:
-        raise ValueError("give num_requests= or duration_s=, not both")
-    if duration_s is not None and not duration_s > 0:
-        raise ValueError(f"duration_s must be > 0 seconds, got {duration_s}")
     notebook = in_notebook()
     target = target_of(base_url, model=model, api_key=api_key)
     concurrency = int(getattr(arrivals, "concurrency", None) or 8)
     closed_duration = duration_s is not None and not arrivals.open_loop
-    n = num_requests
+    n = size.num_requests
     if duration_s is not None:
         n = arrivals.count_for(duration_s) if arrivals.open_loop else max(4 * concurrency, 64)
         if isinstance(workload, Workload):  # a built workload is sent as far as it goes
             n = min(n, len(workload.requests)) if arrivals.open_loop else None
-    wl = _materialize(workload, n, seed, warmup, target.model_path)
+    wl = _materialize(workload, n, seed, size.warmup, target.model_path)
     longest = max((r.expected_input_tokens or 0) + r.max_output_tokens for r in [*wl.requests, *wl.warmup]) \
         if wl.requests else 0
     if target.max_model_len and longest > target.max_model_len:
@@ -351,7 +343,7 @@ def run(
         more = (_more_from(workload, seed, target.model_path, len(reqs))
                 if closed_duration and isinstance(workload, WorkloadSpec) else None)
         supply = Supply(reqs, more)
-    n_workers, workers_info = choose_workers(workers, arrivals, reqs, concurrency)
+    n_workers, workers_info = choose_workers(sending.workers, arrivals, reqs, concurrency)
     if n_workers > 1 and not arrivals.open_loop and n_workers > concurrency:
         n_workers = concurrency
         workers_info.update(used=n_workers, why=workers_info["why"] + f"; at most one per slot ({concurrency})")
@@ -359,34 +351,35 @@ def run(
         out = not notebook
     out_dir = None if out is False else (_default_out(arrivals) if out is True else Path(out))
     folder = RunFolder(out_dir) if out_dir is not None else None
-    cfg = ClientConfig(target.endpoint, temperature=temperature, timeout_s=timeout_s, vllm_extras=vllm_extras,
-                       extra_body=dict(extra_body or {}))
+    cfg = ClientConfig(target.endpoint, temperature=sending.temperature, timeout_s=sending.timeout_s,
+                       vllm_extras=sending.vllm_extras, extra_body=dict(sending.extra_body or {}))
     spec = workload if isinstance(workload, WorkloadSpec) else None
     config: dict[str, Any] = {
-        "tool": "helpers.bench", "status": "running", "label": label,
+        "tool": "helpers.bench", "status": "running", "label": recording.label,
         "started": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "base_url": target.base_url, "model": target.model, "model_path": target.model_path,
         "endpoint": wl.endpoint, "arrivals": arrivals.as_dict(), "arrivals_description": arrivals.describe(),
         "workload": wl.spec or (spec.as_dict() if spec else {}),
         "num_requests": None if closed_duration else len(reqs), "duration_s": duration_s,
         "warmup": len(wl.warmup), "seed": seed, "workers": workers_info,
-        "out": str(out_dir) if out_dir else None, "timeout_s": timeout_s, "temperature": temperature,
-        "vllm_extras": vllm_extras, "extra_body": extra_body or {}, "slo": slo.as_dict() if slo else None,
-        "server_metrics": server_metrics, "sample_interval_s": sample_interval_s,
-        "api_key_set": bool(target.api_key), "argv": command,
+        "out": str(out_dir) if out_dir else None, "timeout_s": sending.timeout_s,
+        "temperature": sending.temperature, "vllm_extras": sending.vllm_extras,
+        "extra_body": dict(sending.extra_body or {}), "slo": slo.as_dict() if slo else None,
+        "server_metrics": recording.server_metrics, "sample_interval_s": recording.sample_interval_s,
+        "api_key_set": bool(target.api_key), "argv": recording.command,
     }
     h = Harness(requests=reqs if arrivals.open_loop else [], supply=supply, warmup=list(wl.warmup),
-                arrivals=arrivals, cfg=cfg, folder=folder, server_metrics=server_metrics,
-                sample_interval_s=sample_interval_s, concurrency=concurrency, workers=n_workers,
+                arrivals=arrivals, cfg=cfg, folder=folder, server_metrics=recording.server_metrics,
+                sample_interval_s=recording.sample_interval_s, concurrency=concurrency, workers=n_workers,
                 duration_s=duration_s)
     config["anchor"] = {"perf_counter": h.perf_anchor, "wall": h.wall_anchor}
     config["versions"] = provenance.versions()
-    config["command"] = command or _command(config, spec, arrivals)
+    config["command"] = recording.command or _command(config, spec, arrivals)
     if folder is not None:
         folder.config(config)
 
-    bar = _Progress(notebook if progress is None else progress, None if closed_duration else len(reqs),
-                    label or arrivals.describe(), leave=not notebook)
+    bar = _Progress(notebook if recording.progress is None else recording.progress,
+                    None if closed_duration else len(reqs), recording.label or arrivals.describe(), leave=not notebook)
     watched = base_url if hasattr(base_url, "running") and not isinstance(base_url, str) else None
     # A full garbage collection of a big heap (a notebook with torch and transformers loaded holds millions of
     # objects) stops every thread for ~100 ms: freeze what exists, so only the run's own objects are ever scanned.
@@ -417,7 +410,7 @@ def run(
             folder.config(config)
         raise h.error
     return _finish(h, config, reqs if arrivals.open_loop else (supply.given if supply else []), slo, seed, folder,
-                   out_dir, interrupted, client_limits)
+                   out_dir, interrupted, sending.client_limits)
 
 
 def _finish(h: Harness, config: dict[str, Any], planned: list[Request], slo: SLO | None, seed: int,
