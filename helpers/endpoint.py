@@ -47,6 +47,11 @@ class Endpoint:
         return self.url.rstrip("/")
 
     @property
+    def root(self) -> str:
+        """``http://host:port``: where ``/metrics`` and ``/health`` answer, beside the OpenAI routes."""
+        return self.base_url.removesuffix("/v1")
+
+    @property
     def headers(self) -> dict[str, str]:
         return auth_headers(self.api_key)
 

@@ -18,7 +18,7 @@ from typing import Any, Iterable, Mapping
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from .endpoint import auth_headers
+from .endpoint import Endpoint, auth_headers
 
 __all__ = ["Sample", "Snapshot", "scrape", "parse", "Sampler", "MetricsUnavailable", "ServerView", "server_root"]
 
@@ -141,7 +141,7 @@ def server_root(url: str) -> str:
 
     Introduced in lab 02 (Prefill and Decode).
     """
-    return url.rstrip("/").removesuffix("/v1")
+    return Endpoint(url).root
 
 
 def scrape(base_url: str, timeout: float = 10.0, api_key: str | None = None) -> Snapshot:

@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.side_by_side import TOLERANCE, Load, Req, ToolRun, capacity, compare, render, rounds
-from benchmarks.side_by_side.records import Target, matched_metrics
+from benchmarks.side_by_side.records import matched_metrics, server_under_test
 from benchmarks.side_by_side.tools import aiperf, guidellm, ours, vllm
 from helpers.metrics import ServerView
 
@@ -185,8 +185,11 @@ def test_rounds_rotate_the_order():
 def test_report_renders_from_saved_runs(tmp_path):
     runs = [_run("ours", 0, 500.0, 100.0, 490.0, 99.0), _run("vllm", 0, 505.0, 101.0, 493.0, 99.5)]
     load = Load(rate=1.0, num_requests=20, input_len=128, output_len=32)
-    rep = rounds.build_report(Target("http://127.0.0.1:1/v1", "m", "tok"), load, runs, ["ours", "vllm"], 1,
-                              None, [], 1.0)
+    target = server_under_test("http://127.0.0.1:1/v1/", "m", "tok")
+    assert (target.base_url, target.endpoint.root, target.model, target.model_path) == (
+        "http://127.0.0.1:1/v1", "http://127.0.0.1:1", "m", "tok")
+    rep = rounds.build_report(target, load, runs, ["ours", "vllm"], 1, None, [], 1.0)
+    assert rep["target"] == {"base_url": "http://127.0.0.1:1/v1", "model": "m", "tokenizer": "tok"}  # the saved form
     render.write_report(tmp_path, rep, None)
     text = (tmp_path / "report.md").read_text()
     assert "agree within 5%" in text and "## 5. Where they differ and why" in text

@@ -65,7 +65,7 @@ Modules: `records` (the load, the target, per-request records) -> `process` (a t
 from helpers import settings
 
 from .compare import TOLERANCE, compare_matched, verdict
-from .records import Load, Req, Target, ToolRun, matched_metrics
+from .records import Load, Req, ToolRun, matched_metrics, server_under_test
 from .rounds import side_by_side
 from .serving import serving, warm_up
 from .tools import LABELS, TOOLS
@@ -73,5 +73,5 @@ from .tools import LABELS, TOOLS
 #: The repository the runs write under (helpers.settings decides it, as for every lab).
 ROOT = settings.repo_root()
 
-__all__ = ["ROOT", "Load", "Target", "Req", "ToolRun", "matched_metrics", "compare_matched", "verdict", "TOLERANCE",
+__all__ = ["ROOT", "Load", "server_under_test", "Req", "ToolRun", "matched_metrics", "compare_matched", "verdict", "TOLERANCE",
            "side_by_side", "serving", "warm_up", "TOOLS", "LABELS"]

@@ -28,7 +28,7 @@ from typing import Any, Callable, Sequence
 from helpers import artifacts
 
 from . import tools as _tools
-from .records import Load, Target, ToolRun, mean, pct
+from .records import Load, ToolRun, mean, pct, server_under_test
 
 __all__ = ["CALIBRATION", "RATES", "Step", "judge", "measure", "capacity", "render_markdown", "write_report"]
 
@@ -123,7 +123,7 @@ def measure(cal: Any, tool: str, rate: float, duration_s: float, out: Path, exes
     """``tool`` at a constant ``rate`` for ``duration_s`` seconds against the running calibration server ``cal``."""
     n = max(int(rate * duration_s), 10)
     load = Load(rate=rate, num_requests=n, input_len=INPUT_LEN, output_len=OUTPUT_LEN, seed=seed)
-    target = Target(cal.base_url, cal.model, cal.config.tokenizer)
+    target = server_under_test(cal.base_url, cal.model, cal.config.tokenizer)
     if out.exists():
         shutil.rmtree(out)
     out.mkdir(parents=True)

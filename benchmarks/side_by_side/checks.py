@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from . import tools as _tools
-from .records import Load, Target, mean
+from .records import Load, Target, mean, server_under_test
 
 __all__ = ["role_chunk_probe", "CALIBRATION", "calibration_check"]
 
@@ -84,7 +84,7 @@ def calibration_check(tokenizer: str, out: Path, tools: Sequence[str] = ("ours",
     # to chat messages whose content is a list of parts, which `vllm bench serve` and GuideLLM send. Prompt lengths
     # do not matter here (no prefill time per token).
     with CalibrationServer(**CALIBRATION) as cal:
-        target = Target(cal.base_url, cal.model, tokenizer)
+        target = server_under_test(cal.base_url, cal.model, tokenizer)
         for endpoint in ("completions", "chat"):
             load = Load(rate=4.0, num_requests=num_requests, input_len=32, output_len=output_len, seed=500,
                         endpoint=endpoint)

@@ -97,7 +97,7 @@ class TreeCPU:
 
 def _scrape(target: Target) -> metrics.Snapshot | None:
     try:
-        return metrics.scrape(target.root, timeout=10.0)
+        return metrics.scrape(target.endpoint.root, timeout=10.0)
     except metrics.MetricsUnavailable:
         return None
 

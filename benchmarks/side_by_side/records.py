@@ -1,6 +1,7 @@
 """What every tool is asked to send, and what any tool's run is read back into.
 
-A :class:`Load` is the same for every tool; a :class:`Target` is the server they all send to. Each tool's own
+A :class:`Load` is the same for every tool; a :class:`~helpers.bench.Target` (:func:`server_under_test`) is the
+server they all send to. Each tool's own
 output files are read into :class:`Req` records (one per request, in milliseconds after that tool's own send
 time) inside a :class:`ToolRun`, and :func:`matched_metrics` applies one set of definitions (ours) to them, so
 the tools can be compared on the same footing whatever each one calls TTFT or TPOT.
@@ -13,9 +14,11 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
+from helpers.bench import Target
+from helpers.endpoint import Endpoint
 from helpers.metrics import ServerView
 
-__all__ = ["Load", "Target", "Req", "ToolRun", "matched_metrics", "mean", "pct", "median"]
+__all__ = ["Load", "Target", "server_under_test", "target_record", "Req", "ToolRun", "matched_metrics", "mean", "pct", "median"]
 
 
 @dataclass(frozen=True)
@@ -41,17 +44,16 @@ class Load:
         return 180.0 + 4.0 * self.num_requests / self.rate
 
 
-@dataclass
-class Target:
-    """The server under test: its OpenAI base URL (ending in /v1), served model name, tokenizer path."""
+def server_under_test(base_url: str, model: str, tokenizer: str) -> Target:
+    """The server every tool sends to, as the harness's own :class:`helpers.bench.Target`: its OpenAI base URL
+    (ending in /v1) and served model in an :class:`~helpers.endpoint.Endpoint`, and the tokenizer that counts its
+    tokens (``model_path``)."""
+    return Target(Endpoint(base_url.rstrip("/"), None, model), model_path=tokenizer)
 
-    base_url: str
-    model: str
-    tokenizer: str
 
-    @property
-    def root(self) -> str:
-        return self.base_url.rstrip("/").removesuffix("/v1")
+def target_record(target: Target) -> dict[str, Any]:
+    """How a report stores the server under test (no key: the side-by-side runs keyless, on loopback)."""
+    return {"base_url": target.base_url, "model": target.model, "tokenizer": target.model_path}
 
 
 @dataclass

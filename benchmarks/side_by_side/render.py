@@ -237,7 +237,7 @@ def provenance_of(server: Any, target: Target) -> dict[str, Any]:
     """Where the numbers came from: versions, commit, device, model and (when started here) the server."""
     from helpers import provenance
 
-    return provenance.provenance(model=None if server is not None else target.tokenizer, server=server)
+    return provenance.provenance(model=None if server is not None else target.model_path, server=server)
 
 
 def write_report(out: Path, rep: dict[str, Any], prov: dict[str, Any] | None) -> dict[str, Any]:

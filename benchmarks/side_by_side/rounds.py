@@ -12,7 +12,7 @@ from typing import Any, Callable, Sequence
 
 from . import checks, compare, explain, render
 from . import tools as _tools
-from .records import Load, Target, ToolRun
+from .records import Load, Target, ToolRun, server_under_test, target_record
 
 __all__ = ["side_by_side", "build_report", "order"]
 
@@ -74,7 +74,7 @@ def side_by_side(target: Target, load: Load, out: Path, rounds: int = 3, tools: 
     cal = None
     if calibration:
         try:
-            cal = checks.calibration_check(target.tokenizer, out, tools=tools, exes=exes, log=log)
+            cal = checks.calibration_check(target.model_path, out, tools=tools, exes=exes, log=log)
         except Exception as e:  # noqa: BLE001 - the main comparison stands without it
             notes.append(f"the calibration cross-check failed: {type(e).__name__}: {e}")
             log(notes[-1])
@@ -88,7 +88,7 @@ def build_report(target: Target, load: Load, runs: list[ToolRun], tools: Sequenc
                  calibration: dict[str, Any] | None = None, date: str | None = None) -> dict[str, Any]:
     """The report as a dict: the setting, every number (:func:`compare.summarize_runs`) and every run."""
     report: dict[str, Any] = {
-        "date": date or _dt.datetime.now().isoformat(timespec="seconds"), "target": asdict(target),
+        "date": date or _dt.datetime.now().isoformat(timespec="seconds"), "target": target_record(target),
         "load": asdict(load), "load_description": load.describe(), "rounds": rounds, "elapsed_s": elapsed_s,
         "versions": _tools.versions(tools), "sources": explain.source_paths(), "notes": list(notes),
         "role_chunk": probe, "calibration": calibration,
@@ -102,7 +102,7 @@ def rerender(out: Path) -> dict[str, Any]:
     """Rebuild the report from the runs saved in ``out/report.json`` (no server needed; provenance kept)."""
     old = json.loads((Path(out) / f"{render.STEM}.json").read_text())
     runs = [ToolRun.from_dict(d) for d in old["runs"]]
-    rep = build_report(Target(**old["target"]), Load(**old["load"]), runs, old["tools"], old["rounds"],
+    rep = build_report(server_under_test(**old["target"]), Load(**old["load"]), runs, old["tools"], old["rounds"],
                        old.get("role_chunk"), old.get("notes", []), old.get("elapsed_s", 0.0),
                        old.get("calibration"), date=old.get("date"))
     rep["versions"], rep["sources"] = old.get("versions", rep["versions"]), old.get("sources", rep["sources"])

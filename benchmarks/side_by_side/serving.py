@@ -6,7 +6,7 @@ import contextlib
 import time
 from typing import Any, Callable, Iterator
 
-from .records import Target
+from .records import Target, server_under_test
 
 __all__ = ["serving", "warm_up", "first_model", "MAX_MODEL_LEN"]
 
@@ -28,7 +28,7 @@ def serving(base_url: str | None = None, model: str | None = None, tokenizer: st
 
     tok = tokenizer or str(models.default_model(quiet=True))
     if base_url:
-        yield Target(base_url.rstrip("/"), model or first_model(base_url), tok), None
+        yield server_under_test(base_url.rstrip("/"), model or first_model(base_url), tok), None
         return
     prof = runtime.profile()
     deadline = time.monotonic() + wait_for_slot_s
@@ -44,7 +44,7 @@ def serving(base_url: str | None = None, model: str | None = None, tokenizer: st
             time.sleep(15)
     try:
         log(f"vLLM ready at {srv.base_url} (PID {srv.pid}, {srv.ready_s:.0f} s)")
-        yield Target(srv.base_url, srv.model, tok), srv
+        yield server_under_test(srv.base_url, srv.model, tok), srv
     finally:
         srv.stop()  # reuse=False: always stopped, never parked
 
@@ -61,6 +61,6 @@ def warm_up(target: Target, n: int = 3) -> None:
     pays for the server's first requests."""
     from helpers import bench
 
-    spec = bench.FixedLength(input_len=64, output_len=16, endpoint="completions", tokenizer=target.tokenizer)
+    spec = bench.FixedLength(input_len=64, output_len=16, endpoint="completions", tokenizer=target.model_path)
     bench.run(spec, bench.Synchronous(), base_url=target.base_url, model=target.model, num_requests=n, seed=10_000,
               out=False, progress=False, server_metrics=False)

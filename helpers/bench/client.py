@@ -301,7 +301,7 @@ async def server_alive(session: aiohttp.ClientSession, base_url: str, attempts: 
 
     Introduced in lab 10 (Load Testing Honestly).
     """
-    url = base_url.rstrip("/").removesuffix("/v1") + "/health"
+    url = Endpoint(base_url).root + "/health"
     reason = ""
     for i in range(max(1, attempts)):
         if i:

@@ -55,7 +55,7 @@ def args(target: Target, load: Load, out: Path, seed: int) -> list[str]:
     tokens, ``output_len`` tokens forced with ``ignore_eos``/``min_tokens``, the server's token counts; AIPerf's
     own /metrics and GPU collectors off (they would add their own scrapes to the server being measured)."""
     n = str(load.output_len)
-    return ["--model", target.model, "--url", target.root,
+    return ["--model", target.model, "--url", target.endpoint.root,
             "--endpoint-type", "chat" if load.endpoint == "chat" else "completions", "--streaming",
             "--request-rate", f"{load.rate:g}", "--arrival-pattern", "constant",
             "--request-count", str(load.num_requests),
@@ -63,7 +63,7 @@ def args(target: Target, load: Load, out: Path, seed: int) -> list[str]:
             "--prompt-output-tokens-mean", n, "--prompt-output-tokens-stddev", "0",
             "--extra-inputs", "ignore_eos:true", "--extra-inputs", f"min_tokens:{n}",
             "--extra-inputs", "temperature:0", "--use-server-token-count",
-            "--tokenizer", hub_id(target.tokenizer), "--random-seed", str(seed),
+            "--tokenizer", hub_id(target.model_path), "--random-seed", str(seed),
             "--output-artifact-dir", str(out), "--ui-type", "none",
             "--no-server-metrics", "--no-gpu-telemetry"]
 

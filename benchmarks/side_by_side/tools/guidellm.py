@@ -41,12 +41,12 @@ def scenario(target: Target, load: Load, out: Path, seed: int) -> dict[str, Any]
     return {
         "metadata": {"name": "side-by-side", "description": load.describe()},
         "spec": {
-            "backend": {"kind": "openai_http", "target": target.root, "model": target.model,
+            "backend": {"kind": "openai_http", "target": target.endpoint.root, "model": target.model,
                         "request_format": "/v1/chat/completions" if load.endpoint == "chat" else "/v1/completions",
                         "extras": {"body": {"temperature": 0}}},
             "profile": {"kind": "constant", "rate": load.rate},
             "constraints": [{"kind": "max_requests", "count": load.num_requests}],
-            "tokenizer": {"kind": "huggingface_auto", "model": target.tokenizer},
+            "tokenizer": {"kind": "huggingface_auto", "model": target.model_path},
             "data": [{"kind": "synthetic_text", "prompt_tokens": load.input_len, "output_tokens": load.output_len}],
             "seed": {"kind": "static", "value": seed},
             "outputs": [{"kind": "json", "path": str(out / RESULT)}],

@@ -21,7 +21,7 @@ RESULT = "summary.json"
 def command(target: Target, load: Load, out: Path, seed: int) -> list[str]:
     """The ``python -m helpers.bench run`` command for ``load`` (constant rate, exact prompt lengths)."""
     return [sys.executable, "-m", "helpers.bench", "run", "--base-url", target.base_url, "--model", target.model,
-            "--endpoint", load.endpoint, "--tokenizer", target.tokenizer, "--arrivals", "constant",
+            "--endpoint", load.endpoint, "--tokenizer", target.model_path, "--arrivals", "constant",
             "--rate", f"{load.rate:g}", "--num-requests", str(load.num_requests), "--input-len", str(load.input_len),
             "--output-len", str(load.output_len), "--seed", str(seed), "--warmup", "0", "--temperature", "0",
             "--out", str(out), "--no-server-metrics", "--no-progress", "--json"]

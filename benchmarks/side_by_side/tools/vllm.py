@@ -37,9 +37,9 @@ def args(target: Target, load: Load, out: Path, seed: int) -> list[str]:
     """The ``vllm bench serve`` arguments for ``load``: random prompts of exact length, constant rate
     (``--burstiness inf``: every gap is 1/rate), greedy, per-request details saved."""
     chat = load.endpoint == "chat"
-    return ["--backend", "openai-chat" if chat else "openai", "--base-url", target.root,
+    return ["--backend", "openai-chat" if chat else "openai", "--base-url", target.endpoint.root,
             "--endpoint", "/v1/chat/completions" if chat else "/v1/completions",
-            "--model", target.model, "--tokenizer", target.tokenizer, "--dataset-name", "random",
+            "--model", target.model, "--tokenizer", target.model_path, "--dataset-name", "random",
             "--random-input-len", str(load.input_len), "--random-output-len", str(load.output_len),
             "--num-prompts", str(load.num_requests), "--request-rate", f"{load.rate:g}", "--burstiness", "inf",
             "--seed", str(seed), "--temperature", "0", "--ignore-eos",
