@@ -75,12 +75,12 @@ def _nbval(tmp_path, interval):
                           capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
 
 
-@pytest.mark.parametrize("interval, passes", [(progress.HEADLESS_INTERVAL_S, True), (0.0, False)])
-def test_under_nbval_a_long_cell_passes_only_with_spaced_redraws(tmp_path, interval, passes):
+def test_under_nbval_a_long_cell_passes_with_spaced_redraws(tmp_path):
+    """5,000 ticks drawn at the headless interval pass under nbval, and the next cell runs. The same cell redrawing
+    on every tick lost its "idle" status, as lab 17's search cell's was, but only when ZeroMQ's queue overflowed: a
+    race, which once (stop 33) did not happen, so that case is not asserted here. What decides it, the number of
+    redraws, is asserted exactly above."""
     pytest.importorskip("nbval")
     pytest.importorskip("ipywidgets")
-    r = _nbval(tmp_path, interval)
-    if passes:
-        assert r.returncode == 0, r.stdout[-3000:]
-    else:  # the same cell redrawing on every tick: its "idle" status is lost, as lab 17's search cell's was
-        assert r.returncode != 0 and "waiting for output" in r.stdout, r.stdout[-3000:]
+    r = _nbval(tmp_path, progress.HEADLESS_INTERVAL_S)
+    assert r.returncode == 0, r.stdout[-3000:]
