@@ -104,6 +104,17 @@ class Snapshot:
         count = self.value(f"{name}_count", 0.0, **labels)
         return self.value(f"{name}_sum", 0.0, **labels) / count if count else math.nan
 
+    def top_bucket(self, name: str, **labels: str) -> tuple[float, float | None] | None:
+        """The highest bucket of histogram ``name`` that holds an observation, as ``(above, at_most)``
+        (``at_most`` is ``None`` for the ``+Inf`` bucket); ``None`` when it holds none."""
+        buckets = self.histogram(name, **labels)
+        total, lower = max(buckets.values(), default=0.0), 0.0
+        for le, count in buckets.items():
+            if total > 0 and count >= total:  # all at or below le; some above the bound before it
+                return lower, None if math.isinf(le) else le
+            lower = le
+        return None
+
     def histogram_quantile(self, q: float, name: str, **labels: str) -> float:
         """Prometheus-style quantile from the buckets (linear within a bucket)."""
         buckets = self.histogram(name, **labels)
@@ -258,6 +269,9 @@ class ServerView:
     prefix_cache_queries: float | None = None
     prefix_cache_hits: float | None = None
     prompt_tokens: float | None = None
+    #: Where the longest prompt lies in vLLM's prompt-length histogram (``vllm:request_prompt_tokens``): more than
+    #: the first bound, at most the second (``None``: past the last finite bucket).
+    longest_prompt_bucket: tuple[float, float | None] | None = None
     generation_tokens: float | None = None
     spec_drafts: float | None = None
     spec_draft_tokens: float | None = None
@@ -323,6 +337,7 @@ class ServerView:
             prefix_cache_queries=_num(d.value("vllm:prefix_cache_queries_total")),
             prefix_cache_hits=_num(d.value("vllm:prefix_cache_hits_total")),
             prompt_tokens=_num(d.value("vllm:prompt_tokens_total")),
+            longest_prompt_bucket=d.top_bucket("vllm:request_prompt_tokens"),
             generation_tokens=_num(d.value("vllm:generation_tokens_total")),
             spec_drafts=_num(d.value("vllm:spec_decode_num_drafts_total")),
             spec_draft_tokens=_num(d.value("vllm:spec_decode_num_draft_tokens_total")),

@@ -68,10 +68,12 @@ IDLE_ON = render(prefix_caching=True)
 def window(n: int = 16, ttft: float = 0.3, queue: float = 0.01, prefill: float = 0.25, tpot: float = 0.05,
            itl: list[float] | None = None, tokens_out: int = 64, prompt: int = 640, preemptions: int = 0,
            hits: int = 0, queries: int | None = None, spec: tuple[int, int, int] | None = None,
-           prefix_caching: bool = True) -> str:
-    """The page after ``n`` requests with these per-request latencies (seconds)."""
+           prefix_caching: bool = True, prompts: list[int] | None = None) -> str:
+    """The page after ``n`` requests with these per-request latencies (seconds); ``prompts``, each request's prompt
+    length (default ``prompt`` for all)."""
     itl = itl if itl is not None else [tpot] * (n * (tokens_out - 1))
-    counters = {"vllm:num_preemptions_total": preemptions, "vllm:prompt_tokens_total": n * prompt,
+    prompts = prompts if prompts is not None else [prompt] * n
+    counters = {"vllm:num_preemptions_total": preemptions, "vllm:prompt_tokens_total": sum(prompts),
                 "vllm:generation_tokens_total": n * tokens_out, "vllm:prefix_cache_hits_total": hits,
                 "vllm:prefix_cache_queries_total": n * prompt if queries is None else queries}
     text = IDLE
@@ -88,7 +90,8 @@ def window(n: int = 16, ttft: float = 0.3, queue: float = 0.01, prefill: float =
                    "vllm:request_prefill_time_seconds": [prefill] * n,
                    "vllm:request_time_per_output_token_seconds": [tpot] * n,
                    "vllm:inter_token_latency_seconds": itl,
-                   "vllm:e2e_request_latency_seconds": [ttft + tpot * (tokens_out - 1)] * n},
+                   "vllm:e2e_request_latency_seconds": [ttft + tpot * (tokens_out - 1)] * n,
+                   "vllm:request_prompt_tokens": prompts},
                   counters, prefix_caching=prefix_caching, text=text)
 
 
@@ -223,11 +226,31 @@ def test_stalls_fire_when_a_whole_prompt_fits_in_one_step():
     d = doctor.examine(evidence(after, gauges(running=5), engine_args={"max_num_batched_tokens": 2048}))
     f = d.finding("tpot.stalls")
     assert f is not None and f.evidence["max_num_batched_tokens"] == 2048, str(d)
-    assert f.fix[0].startswith("--max-num-batched-tokens 448")
+    assert f.evidence["longest_prompt_tokens"] == [1000, 2000]  # vLLM's bucket holding 1,800
+    assert "more than 1,000 tokens (at most 2,000) are prefilled whole" in f.cause
+    assert f.fix[0].startswith("--max-num-batched-tokens 192")  # a quarter of what the longest surely exceed
     chunked = doctor.examine(evidence(after, gauges(running=5), engine_args={"max_num_batched_tokens": 256}))
     assert not chunked.has("tpot.stalls")
     smooth = doctor.examine(evidence(window(prompt=1800), gauges(running=5)))
     assert not smooth.has("tpot.stalls")
+
+
+def test_stalls_are_judged_by_the_longest_prompts_not_the_mean():
+    """Check question 3's load: 16 streams of 64-token prompts and 2 of 1,800 tokens (mean 257). A 512-token budget
+    already chunks the long ones: the mean would call them whole; the longest-prompt bucket does not. Without a
+    budget the finding names the long prompts, not the mean."""
+    itl = [0.04] * 950 + [1.2] * 58
+    after = window(n=18, itl=itl, tpot=0.08, prompts=[64] * 16 + [1800] * 2)
+    chunked = doctor.examine(evidence(after, gauges(running=5), engine_args={"max_num_batched_tokens": 512}))
+    note = next(c.note for c in chunked.checks if c.id == "tpot.stalls")
+    assert not chunked.has("tpot.stalls") and note.startswith("prompts of more than 1,000 tokens"), note
+    threshold = doctor.examine(evidence(after, gauges(running=5), engine_args={
+        "max_num_batched_tokens": 2048, "long_prefill_token_threshold": 256}))  # lab 24's second fix
+    assert not threshold.has("tpot.stalls")
+    d = doctor.examine(evidence(after, gauges(running=5), engine_args={"max_num_batched_tokens": 2048}))
+    f = d.finding("tpot.stalls")
+    assert f is not None and f.evidence["prompt_tokens_per_request"] == 257, str(d)
+    assert "more than 1,000 tokens" in f.cause and f.fix[0].startswith("--max-num-batched-tokens 192")
 
 
 def test_speculative_decoding_that_does_not_pay_when_batched():

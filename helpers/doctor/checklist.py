@@ -315,19 +315,31 @@ def check_stalls(ev: Evidence) -> Finding | str:
     if ev.slo is None or ev.slo.tpot_ms is None:
         return _Skip("no TPOT target (give an SLO)")
     p50, p99 = ev.latency.get("itl_p50_ms"), ev.latency.get("itl_p99_ms")
-    tokens, budget = ev.prompt_tokens_per_request, ev.max_num_batched_tokens
-    if p50 is None or p99 is None or tokens is None:
+    mean, longest, budget = ev.prompt_tokens_per_request, ev.longest_prompt_tokens, ev.max_num_batched_tokens
+    if p50 is None or p99 is None or (mean is None and longest is None):
         return _Skip("no inter-token latencies or prompt lengths")
     if not (p99 > ev.slo.tpot_ms and p99 > STALL_RATIO * p50):
         return _Ok(f"ITL p99 {p99:.0f} ms vs median {p50:.0f} ms")
-    if budget is not None and budget < tokens:
-        return _Ok(f"prompts ({tokens:,.0f} tokens) are already chunked (budget {budget:,})")
+    # The stall comes from the longest prompts, not the mean one (a few long prompts among many short ones):
+    # judged by the bucket of vLLM's prompt-length histogram that holds the longest, when there is one. A prompt
+    # is prefilled in pieces of at most the step's budget, or of the long-prompt threshold when one is set.
+    threshold = int(float(ev.engine_args.get("long_prefill_token_threshold") or 0)) or None
+    caps = [c for c in (budget, threshold) if c is not None]
+    piece = min(caps) if caps else None
+    tokens = longest[0] if longest else mean
+    said = (f"prompts of more than {longest[0]:,.0f} tokens" + (f" (at most {longest[1]:,.0f})" if longest[1] else "")
+            if longest else f"prompts of {mean:,.0f} tokens on average")
+    if piece is not None and (piece <= tokens if longest else piece < tokens):
+        how = f"budget {budget:,}" if piece == budget else f"long-prompt threshold {threshold:,}"
+        return _Ok(f"{said} are already chunked ({how})")
     evidence = {"window": ev.window, "itl_p50_ms": _r(p50), "itl_p99_ms": _r(p99), "itl_max_ms":
                 _r(ev.latency.get("itl_max_ms")), "tpot_slo_ms": ev.slo.tpot_ms,
-                "prompt_tokens_per_request": _r(tokens, 0), "max_num_batched_tokens": budget}
+                "prompt_tokens_per_request": _r(mean, 0), "longest_prompt_tokens": list(longest) if longest else None,
+                "max_num_batched_tokens": budget, "long_prefill_token_threshold": threshold}
     chunk = max(64, int(tokens // 4) // 64 * 64)
+    whole = "can be" if longest and piece is not None and (longest[1] is None or piece < longest[1]) else "are"
     return Finding("tpot.stalls", "TPOT is too high in bursts: streams stall when a long prompt arrives",
-                   f"long-prompt prefills stall decode: a whole {tokens:,.0f}-token prefill fits in one step "
+                   f"long-prompt prefills stall decode: {said} {whole} prefilled whole in one step "
                    f"(budget {budget if budget is not None else 'default'}), and every decoding stream waits for it",
                    evidence, [f"--max-num-batched-tokens {chunk} (chunked prefill: a prompt is split across steps "
                               "that decode alongside)"], _lab("08"))

@@ -186,6 +186,16 @@ class Evidence:
             return None
         return v.prompt_tokens / v.requests
 
+    @property
+    def longest_prompt_tokens(self) -> tuple[float, float | None] | None:
+        """Where the window's longest prompt lies: more than the first number of tokens, at most the second
+        (vLLM's prompt-length buckets; past the last one, ``max_model_len``). ``None`` without the histogram."""
+        v = self.view
+        if v is None or not v.longest_prompt_bucket:
+            return None
+        above, at_most = v.longest_prompt_bucket
+        return above, at_most if at_most is not None else self.max_model_len
+
     def as_dict(self) -> dict[str, Any]:
         return {"url": self.url, "reachable": self.reachable, "unreachable_reason": self.unreachable_reason,
                 "device": self.device, "log_path": self.log_path, "window": self.window,
