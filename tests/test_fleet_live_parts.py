@@ -255,8 +255,10 @@ def test_autoscaler_scales_out_then_in_drains_before_retiring_and_keeps_the_firs
         assert not scaler.scale_ins
         replica.holding, prom.load = 2.0, 3.0              # the load falls; the replica still holds two
         assert _wait(lambda: router.removed)
+        sampled = len(scaler.samples)
         time.sleep(0.2)
         assert retired == [] and scaler.scale_ins[-1].drained_s is None   # not stopped while it holds requests
+        assert len(scaler.samples) >= sampled + 3          # and the loop goes on watching the queue meanwhile
         replica.holding = 0.0
         event = scaler.wait_for_scale_in(5)
         time.sleep(0.5)                                         # one replica left: no further scale-in

@@ -221,6 +221,8 @@ class QueueAutoscaler:
         self._lock = threading.Lock()
         self._added: list[Any] = []      # replicas this autoscaler added and has not removed, in order
         self._serving: list[tuple[ScaleOut, Any, float, float]] = []   # added, not yet seen finishing a request
+        self._draining: list[tuple[ScaleIn, Any, float]] = []   # removed, still finishing the requests it holds
+        self._retiring: list[threading.Thread] = []
 
     def now(self) -> float:
         return time.monotonic() - self.t0
@@ -257,6 +259,8 @@ class QueueAutoscaler:
                 window_in.append((t, load))
             if self._serving:
                 self._watch_serving()
+            if self._draining:
+                self._watch_draining()
             if self.replicas < self.max_replicas and decide(window, self.rule, self.replicas) is not None:
                 self._scale_out(t, waiting)
                 window, window_in = [], []
@@ -299,20 +303,47 @@ class QueueAutoscaler:
         self.scale_ins.append(event)
         try:
             self.router.remove_worker(replica)      # no new requests; those it holds finish there
-            event.removed_s = self.now()
-            self._added.pop()
-            self._serving = [w for w in self._serving if w[1] is not replica]
-            self.replicas -= 1
-            deadline = time.monotonic() + self.drain_timeout_s
-            while not self._stop.is_set() and time.monotonic() < deadline:
-                if _holding(replica) == 0:
-                    event.drained_s = self.now()
-                    break
-                time.sleep(0.2)
-            if self.retire is not None and event.drained_s is not None:
-                self.retire(replica)
-                event.retired_s = self.now()
         except Exception as exc:  # keep the loop alive and the reason on record
+            event.error = f"{type(exc).__name__}: {exc}"
+            return
+        event.removed_s = self.now()
+        self._added.pop()
+        self._serving = [w for w in self._serving if w[1] is not replica]
+        self.replicas -= 1
+        # watched from the loop, which goes on sampling and deciding while the replica drains (it used to wait
+        # here, up to drain_timeout_s, blind to a load that came back)
+        self._draining.append((event, replica, time.monotonic() + self.drain_timeout_s))
+        self._watch_draining()
+
+    def _watch_draining(self) -> None:
+        """Mark each removed replica drained once it holds no request (``drained_s``), then ``retire`` it in a
+        thread of its own (stopping a server takes seconds); an error after drain_timeout_s."""
+        still = []
+        for event, replica, deadline in self._draining:
+            try:
+                holding = _holding(replica)
+            except Exception as exc:  # noqa: BLE001 - on record, the loop goes on
+                event.error = f"{type(exc).__name__}: {exc}"
+                continue
+            if holding == 0:
+                event.drained_s = self.now()
+                if self.retire is not None:
+                    th = threading.Thread(target=self._retire, args=(event, replica), name="autoscaler-retire",
+                                          daemon=True)
+                    self._retiring.append(th)
+                    th.start()
+            elif time.monotonic() < deadline:
+                still.append((event, replica, deadline))
+            else:
+                held = "could not say what it held" if holding is None else f"still held {holding:g} requests"
+                event.error = f"{held} after drain_timeout_s={self.drain_timeout_s:g}"
+        self._draining = still
+
+    def _retire(self, event: ScaleIn, replica: Any) -> None:
+        try:
+            self.retire(replica)  # type: ignore[misc]
+            event.retired_s = self.now()
+        except Exception as exc:  # noqa: BLE001 - on record
             event.error = f"{type(exc).__name__}: {exc}"
 
     def wait_for_serving(self, timeout: float) -> ScaleOut | None:
@@ -325,11 +356,13 @@ class QueueAutoscaler:
         return self.events[-1] if self.events else None
 
     def wait_for_scale_in(self, timeout: float) -> ScaleIn | None:
-        """Block until a scale-in has drained its replica (or failed, or ``timeout``); returns the last one."""
+        """Block until a scale-in has drained its replica and, with ``retire``, retired it (or failed, or
+        ``timeout``); returns the last one."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             last = self.scale_ins[-1] if self.scale_ins else None
-            if last is not None and (last.drained_s is not None or last.error):
+            done = last is not None and last.drained_s is not None and (self.retire is None or last.retired_s)
+            if last is not None and (done or last.error):
                 return last
             time.sleep(0.2)
         return self.scale_ins[-1] if self.scale_ins else None
@@ -338,6 +371,8 @@ class QueueAutoscaler:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=30)
+        for th in self._retiring:
+            th.join(timeout=60)
             self._thread = None
         if stop_started:
             for r in self.started:
