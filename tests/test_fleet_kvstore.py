@@ -30,6 +30,10 @@ def test_connector_config_and_store_usage(tmp_path):
             (tmp_path / "store" / prompt / f"model.layers.{layer}.safetensors").write_bytes(b"x" * 10)
     (tmp_path / "store" / "stray.txt").write_text("not a prompt")
     assert kvstore.usage(tmp_path / "store") == {"prompts": 2, "files": 6, "bytes": 60}
+    assert kvstore.empty(tmp_path / "store") == {"prompts": 2, "files": 6, "bytes": 60}   # what it held
+    assert kvstore.usage(tmp_path / "store") == {"prompts": 0, "files": 0, "bytes": 0}
+    assert (tmp_path / "store").is_dir()   # the servers' shared_storage_path stays
+    assert kvstore.empty(tmp_path / "missing") == {"prompts": 0, "files": 0, "bytes": 0}
 
 
 def test_tiered_ttft_and_break_even_agree():

@@ -19,11 +19,12 @@ Introduced in lab 20 (Disaggregating Prefill and Decode).
 from __future__ import annotations
 
 import os
+import shutil
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-__all__ = ["example_connector", "injected_tokens", "stored_tokens", "usage", "start_pd", "tiered_ttft",
+__all__ = ["example_connector", "injected_tokens", "stored_tokens", "usage", "empty", "start_pd", "tiered_ttft",
            "break_even_hit_rate"]
 
 ROLES = ("kv_producer", "kv_consumer", "kv_both")
@@ -68,6 +69,19 @@ def usage(path: str | os.PathLike) -> dict[str, int]:
     folders = [d for d in root.iterdir() if d.is_dir()] if root.is_dir() else []
     files = [f for d in folders for f in d.glob("*.safetensors")]
     return {"prompts": len(folders), "files": len(files), "bytes": sum(f.stat().st_size for f in files)}
+
+
+def empty(path: str | os.PathLike) -> dict[str, int]:
+    """Delete every prompt's folder from a store, keeping the store itself (the servers go on writing to it); returns
+    what it held (:func:`usage`). A lab that measures one length at a time never holds more than that length's KV.
+
+    Introduced in lab 20 (Disaggregating Prefill and Decode).
+    """
+    held = usage(path)
+    root = Path(path)
+    for d in (d for d in root.iterdir() if d.is_dir()) if root.is_dir() else ():
+        shutil.rmtree(d)
+    return held
 
 
 def start_pd(profile: Any, store: str | os.PathLike, **engine_overrides: Any) -> tuple[Any, Any]:

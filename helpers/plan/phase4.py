@@ -84,7 +84,10 @@ def _lab20(p: runtime.Profile, quick: bool) -> dict[str, Any]:
     stall_prompt = min(lengths[-1], budget - decoders) // 16 * 16
     stall = {"decoders": decoders, "long_prompts": 3 if quick else 4, "lead_s": 0.2 if gpu(p) else 0.5,
              "spacing": 1.5, "min_output": 64 if quick else 128, "max_output": min(max_len - 64 - 8, 1024)}
-    store = 2 * repeats * sum(lengths) * per_token  # every prompt's KV, through P/D and on one server (a producer)
+    # every prompt's KV at one length, through P/D and on one server (a producer): the lab empties the store after
+    # each length (kvstore.empty), and before section 5, whose streams and long prompts are the last it writes
+    stores = [res.item(f"the KV store at {n:,} tokens: {2 * repeats} prompts' blocks", 2 * repeats * n * per_token)
+              for n in lengths]
     stall_store = 2 * (decoders * 64 + stall["long_prompts"] * stall_prompt) * per_token   # section 5, both paths
     return {"max_model_len": max_len, "max_request_tokens": lengths[-1] + out,
             "min_gpu_memory_utilization": util, "min_run_s": 0.0, "model": model,
@@ -93,9 +96,8 @@ def _lab20(p: runtime.Profile, quick: bool) -> dict[str, Any]:
                        "links": ["nvlink4", "pcie5", "ib_ndr", "ethernet_100g"]},
             "servers": servers, "together": True,
             "formats": res.formats(p, ("connector", "ExampleConnector")),
-            "disk_bytes": res.disk(res.item(f"the KV store: {2 * repeats * len(lengths)} prompts' blocks", store),
-                                   res.item("the KV store: section 5's streams and long prompts", stall_store),
-                                   *_model_download(p, model), one_at_a_time=False),
+            "disk_bytes": res.disk(*stores, res.item("the KV store: section 5's streams and long prompts", stall_store),
+                                   *_model_download(p, model)),
             "tools": res.tools("PyYAML", "vllm-router"),
             "checks": [fits_context(lengths[-1] + out, max_len, "the longest prompt"),
                        shared_gpu_fit(p, 2, max_len, model),
