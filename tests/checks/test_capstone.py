@@ -231,7 +231,7 @@ def lab_24(tmp: Path) -> dict[str, Any]:
                 found_before={"ttft.queue", "ttft.prefix_cache", "memory.kv"}, found_one_fix={"ttft.prefix_cache"},
                 found_after=set(), predicted_hit=predicted_hit, design=design, data=data, fit=fit,
                 bw_used=538e6 / 0.0512, bw_ceiling=16.8e9, tp_pred=tp_pred,
-                q_first=None, q_base=None, q_safe=[], spec_pairs=[], pd=pd,
+                q_first=None, q_base=None, q_safe=[], spec_pairs=[], q17=None, pd=pd,
                 not_run="not measured on this device yet: run lab {} (its saved measurement is read here)",
                 **_variants_24())
 
