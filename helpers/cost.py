@@ -292,6 +292,11 @@ class Deployment:
         if self.chosen is None:
             self.chosen = self.choose()
 
+    @property
+    def gate_verdict(self) -> str | None:
+        """The saved gate's verdict on ``gated_checkpoint`` (SAFE, NOT SAFE or INCONCLUSIVE); None without a gate."""
+        return _verdict(self.gate) if self.gate else None
+
     def offer(self, name: str) -> Offer:
         found = [o for o in self.offers if o.name == name]
         if not found:
