@@ -80,9 +80,11 @@ def _lab24(p: runtime.Profile, quick: bool) -> dict[str, Any]:
                        "gateway_concurrency": concurrencies[-1] if gpu(p) else 8,
                        "canary_candidates": [fp8_kv, ngram],
                        # two misconceptions measured on the design's engine with one change each, on its own load:
-                       # drafting at one request and at the knee, the FP8 KV cache at the knee
+                       # drafting at one request and at the knee; the FP8 KV cache, and the same model's weights at
+                       # the second precision lab 17 gated and priced on this device (its saved checkpoint), at the knee
                        "variants": {"n-gram drafting": {"engine": ngram, "at": ["one request", "knee"]},
-                                    "FP8 KV cache": {"engine": fp8_kv, "at": ["knee"]}},
+                                    "FP8 KV cache": {"engine": fp8_kv, "at": ["knee"]},
+                                    "quantized weights": {"weights": "lab 17", "at": ["knee"]}},
                        "rate_limit": {"per_second": 5, "burst": 5}, "rate_probe_requests": 40, "stall": stall,
                        # the canary's drift from the baseline, on texts sampled from lab 15's drift set
                        "canary_drift_texts": 8 if quick else 40,

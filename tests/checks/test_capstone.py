@@ -104,7 +104,8 @@ def _relog(ns, key: str, i: int, **changes: Any) -> None:
 def _variants_24() -> dict[str, Any]:
     """The design's runs at 1 and 4 in flight, and its engine with one change each on the same prompts: n-gram
     drafting at 1 (x2.2: 10.3 ms per token against 23.8, accepting 92%) and at the knee, 4 (x1.08, 88%), and the FP8
-    KV cache at 4 (131,840 KV tokens against 65,920, x0.98): as measured on this machine in stop 34."""
+    KV cache at 4 (131,840 KV tokens against 65,920, x0.98): as measured on this machine in stop 34; lab 17's INT8
+    W8A8 checkpoint at 4 (67,712 KV tokens, x1.11: 114.3 output tok/s against 102.6), measured in stop 36."""
     from helpers.metrics import ServerView
 
     def run(tok_s: float, accepted: float | None = None) -> Any:
@@ -113,8 +114,9 @@ def _variants_24() -> dict[str, Any]:
 
     return dict(knee=4, design_runs={1: run(10.62), 4: run(30.66)}, design_kv_tokens=65920,
                 variants={("n-gram drafting", 1): run(23.36, 0.92), ("n-gram drafting", 4): run(33.11, 0.88),
-                          ("FP8 KV cache", 4): run(30.05)},
-                variant_kv={"n-gram drafting": 62720, "FP8 KV cache": 131840}, variant_skipped={})
+                          ("FP8 KV cache", 4): run(30.05), ("quantized weights", 4): run(30.66 * 114.311 / 102.645)},
+                variant_kv={"n-gram drafting": 62720, "FP8 KV cache": 131840, "quantized weights": 67712},
+                variant_skipped={})
 
 
 @lab("24",
@@ -281,3 +283,24 @@ def test_lab24_compares_each_drafter_with_its_own_checkpoint_undrafted(tmp_path)
     row = ns["misconceptions"].set_index("misconception").loc["Speculative decoding always helps."]
     # 5.5 req/s drafted is above the baseline's 5.0 but below its own checkpoint's 6.0: drafting did not pay
     assert row["reversed here"] and "int8: 6.0 req/s, drafting: 5.5" in row["reversal"], row
+
+
+def test_lab24_quantization_row_measures_two_weight_precisions_or_says_lab_17_has_not_run(tmp_path):
+    """The quantization row reads the same model at two weight precisions from this run's own load at the knee (lab
+    17's gated checkpoint on the design's engine); where lab 17 has not run here, the change was skipped and the row
+    says so instead of a number."""
+    from tests.checks.harness import check_cell
+
+    ns = lab_24(tmp_path)
+    check_cell("24").run(ns)
+    row = ns["misconceptions"].set_index("misconception").loc["Quantization just makes models worse."]
+    assert "measured here (the FP8 KV cache's capacity and speed, two weight precisions)" in row["source"], row
+    assert "at the knee: x1.11 the output tokens/s of the baseline's weights" in row["reversal"], row
+
+    ns = lab_24(tmp_path)
+    why = ns["not_run"].format(17)
+    ns["variants"] = {k: v for k, v in ns["variants"].items() if k[0] != "quantized weights"}
+    ns["variant_skipped"] = {"quantized weights": why}
+    check_cell("24").run(ns)
+    row = ns["misconceptions"].set_index("misconception").loc["Quantization just makes models worse."]
+    assert "two weight precisions" not in row["source"] and f"on the design's load: {why}" in row["reversal"], row
