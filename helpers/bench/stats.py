@@ -510,17 +510,18 @@ class Latencies:
     e2e_ms: Distribution
     client_queue_ms: Distribution
 
-    @classmethod
-    def of(cls, records: Iterable[RequestResult], seed: int = 0) -> "Latencies":
+    @staticmethod
+    def of(records: Iterable[RequestResult], seed: int = 0) -> "Latencies":
+        """The distributions of ``records`` (a :class:`Latencies`, also where a :class:`Summary` asks)."""
         rs = list(records)
-        return cls(**{f"{m}_ms": Distribution.of(metric_values(rs, m), seed) for m in METRICS})
+        return Latencies(**{f"{m}_ms": Distribution.of(metric_values(rs, m), seed) for m in METRICS})
 
     def as_dict(self) -> dict[str, Any]:
         return {f"{m}_ms": getattr(self, f"{m}_ms").as_dict() for m in METRICS}
 
 
 @dataclass
-class Summary:
+class Summary(Latencies):
     """A run in numbers. Warmup excluded; percentiles over completed requests, failures beside them.
 
     ``duration_s`` is the steady-state window that the throughputs are divided by (see
@@ -528,7 +529,8 @@ class Summary:
     ``total_output_throughput`` is output tokens over the whole span: the number a naive tool prints.
     The latency distributions (``ttft_ms`` ...) are over the requests dispatched in that window
     (``latency_scope`` says which and how many; all requests when the window fell back to the whole span);
-    ``whole_run`` holds the same distributions over every request, ramp-up and drain included.
+    ``whole_run`` holds the same distributions over every request, ramp-up and drain included (a summary is the
+    steady window's :class:`Latencies`, with the counts, throughputs and checks beside them).
     ``itl_ms`` is per token; ``itl_per_chunk_ms`` per stream chunk (``vllm bench serve``'s ITL).
     ``goodput_at_load`` is vLLM's goodput (``goodput`` is the same object, by its older name).
     ``valid`` is False when the load generator itself was the bottleneck (``invalid_reason`` says how);
@@ -548,12 +550,6 @@ class Summary:
     input_throughput: float | None
     total_output_throughput: float | None
     achieved_rate: float | None
-    ttft_ms: Distribution
-    tpot_ms: Distribution
-    itl_ms: Distribution
-    itl_per_chunk_ms: Distribution
-    e2e_ms: Distribution
-    client_queue_ms: Distribution
     input_tokens: dict[str, Any]
     output_tokens: dict[str, Any]
     goodput_at_load: Goodput | None = None
@@ -593,8 +589,7 @@ class Summary:
             "input_throughput": self.input_throughput, "total_output_throughput": self.total_output_throughput,
             "achieved_rate": self.achieved_rate, "latency_scope": self.latency_scope,
         }
-        for m in METRICS:
-            d[f"{m}_ms"] = getattr(self, f"{m}_ms").as_dict()
+        d.update(Latencies.as_dict(self))
         d["whole_run"] = self.whole_run.as_dict() if self.whole_run else None
         d["input_tokens"], d["output_tokens"] = self.input_tokens, self.output_tokens
         d["goodput_at_load"] = self.goodput_at_load.as_dict() if self.goodput_at_load else None
@@ -736,9 +731,7 @@ def summarize(records: Iterable[RequestResult], slo: SLO | None = None, seed: in
         output_throughput=tok_in / dur if dur > 0 else None,
         input_throughput=inp_in / dur if dur > 0 else None,
         total_output_throughput=out_total / total if total > 0 else None,
-        achieved_rate=achieved,
-        ttft_ms=steady.ttft_ms, tpot_ms=steady.tpot_ms, itl_ms=steady.itl_ms,
-        itl_per_chunk_ms=steady.itl_per_chunk_ms, e2e_ms=steady.e2e_ms, client_queue_ms=steady.client_queue_ms,
+        achieved_rate=achieved, **vars(steady),
         input_tokens=in_rep, output_tokens=out_rep,
         goodput_at_load=goodput(rs, slo) if slo is not None and slo.is_set() else None,
         warnings=warnings, latency_scope=scope,
