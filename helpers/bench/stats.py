@@ -512,7 +512,7 @@ class Latencies:
 
     @staticmethod
     def of(records: Iterable[RequestResult], seed: int = 0) -> "Latencies":
-        """The distributions of ``records`` (a :class:`Latencies`, also where a :class:`Summary` asks)."""
+        """The distributions of ``records``, as a :class:`Latencies` (also when called on :class:`Summary`)."""
         rs = list(records)
         return Latencies(**{f"{m}_ms": Distribution.of(metric_values(rs, m), seed) for m in METRICS})
 
