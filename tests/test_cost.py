@@ -87,7 +87,7 @@ def test_roofline_rate_across_tp_cards_adds_the_all_reduce_and_fits_what_one_car
 
 def test_a_deployment_states_its_gates_verdict():
     offer = cost.Offer(name="base", checkpoint="ck", speculative=None, max_rate_at_slo=1.0, bracket=(1.0, None),
-                        output_tokens_per_s_at_slo=32.0, price_per_hour=0.1, cost_per_million_output_tokens=1.0)
+                       output_tokens_per_s_at_slo=32.0, price_per_hour=0.1, cost_per_million_output_tokens=1.0)
     kw = dict(model="m", profile="cpu", baseline_checkpoint="ck", slo={}, workload={}, device="cpu", price={},
               offers=[offer], baseline="base", gated_checkpoint="ck-int8", drafting=None, min_greedy_agreement=0.9)
     assert cost.Deployment(gate=None, **kw).gate_verdict is None
