@@ -126,8 +126,10 @@ def test_check_engine_args_refuses_what_the_device_cannot_run():
     t4 = GPU("Tesla T4", 15.0, (7, 5))
     with pytest.raises(ValueError, match="float16"):
         server.check_engine_args({"dtype": "bfloat16"}, "cuda", t4)
-    with pytest.raises(ValueError, match="FP8"):
-        server.check_engine_args({"quantization": "fp8"}, "cuda", t4)
+    # vLLM 0.32 serves --quantization fp8 weight-only (FP8 Marlin) from 7.5: a T4 takes it, a Pascal card does not
+    server.check_engine_args({"quantization": "fp8"}, "cuda", t4)
+    with pytest.raises(ValueError, match="FP8 Marlin needs compute capability 7.5"):
+        server.check_engine_args({"quantization": "fp8"}, "cuda", GPU("Tesla P100", 16.0, (6, 0)))
     server.check_engine_args({"dtype": "float16"}, "cuda", t4)  # fine
     with pytest.raises(ValueError, match="VLLM_API_KEY"):
         server.check_engine_args({"api_key": "secret"}, "cpu")  # never on the command line

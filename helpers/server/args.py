@@ -78,6 +78,7 @@ def check_engine_args(engine_args: Mapping[str, Any], device: str, gpu: Any = No
         raise ValueError(
             f"{gpu.name} (compute capability {'.'.join(map(str, gpu.compute_capability))}) has no bf16: "
             "use dtype='float16' (the colab-t4 profile does).")
-    if gpu is not None and "fp8" in quant and not gpu.supports_fp8:
-        raise ValueError(f"{gpu.name} has no FP8 tensor cores (needs compute capability 8.9+): "
-                         "use an INT8 or INT4 checkpoint, or an H100/H200/B200 profile.")
+    if gpu is not None and "fp8" in quant and tuple(gpu.compute_capability) < (7, 5):
+        # from 7.5 to 8.9 vLLM serves --quantization fp8 weight-only (FP8 Marlin): helpers.support says how
+        raise ValueError(f"{gpu.name} has no FP8 kernel at all (vLLM's FP8 Marlin needs compute capability 7.5): "
+                         "use an INT8 or INT4 checkpoint, or a newer GPU.")
