@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .. import settings
+from .tensors import data_regions
 
 __all__ = ["Checkpoint", "METADATA", "quantized_dir", "file_digest", "model_digest", "digest", "cached", "build_once",
            "discard",
@@ -112,9 +113,24 @@ def file_digest(path: Path) -> str:
     if key in memo:
         return memo[key]
     h = hashlib.sha256()
+    # The bytes in order; a hole of a sparse file (none in an ordinary one, whose digest is plain SHA-256) enters as
+    # its length instead of as zeros: a rehearsal's 16 GB stand-in download hashes in milliseconds.
+    pos = 0
     with open(real, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 22), b""):
-            h.update(chunk)
+        for start, end in data_regions(real, 0, st.st_size):
+            if start > pos:
+                h.update(f"<hole {start - pos}>".encode())
+            fh.seek(start)
+            left = end - start
+            while left > 0:
+                chunk = fh.read(min(left, 1 << 22))
+                if not chunk:
+                    break
+                h.update(chunk)
+                left -= len(chunk)
+            pos = end
+    if pos < st.st_size:
+        h.update(f"<hole {st.st_size - pos}>".encode())
     with settings.file_lock(memo_path.with_suffix(".lock")):
         with contextlib.suppress(FileNotFoundError, ValueError):
             memo = json.loads(memo_path.read_text())

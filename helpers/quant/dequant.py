@@ -23,10 +23,11 @@ from typing import Any
 
 from . import cache
 from .recipes import UnservableError, check_servable, checkpoint_format
+from .tensors import Folder, write_shard
 
 __all__ = ["dequantize_module", "dequantized_checkpoint", "servable"]
 
-_VERSION = 1  # bump when the output changes: old caches are then rebuilt
+_VERSION = 2  # bump when the output changes: old caches are then rebuilt
 _E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 _PARTS = ("weight_packed", "weight_scale", "weight_zero_point", "weight_global_scale", "weight_shape", "weight_g_idx",
           "input_scale", "input_global_scale", "input_zero_point")
@@ -109,6 +110,20 @@ def dequantize_module(tensors: dict[str, Any], fmt: str, weights: dict[str, Any]
     return codes * _per_column(tensors["weight_scale"], cols, g_idx)
 
 
+def _plain_shape(folder: Folder, module: str) -> tuple[int, int]:
+    """A quantized module's float weight shape, from its headers: ``weight_shape``'s values when packed (read), else
+    its codes' shape (FP4: two codes a byte)."""
+    if f"{module}.weight_shape" in folder:
+        rows, cols = (int(v) for v in folder.get(f"{module}.weight_shape").tolist())
+        if rows and cols:
+            return rows, cols
+    if f"{module}.weight" in folder:
+        return tuple(folder.info[f"{module}.weight"].shape)  # type: ignore[return-value]
+    packed = folder.info[f"{module}.weight_packed"]
+    per = 2 if packed.dtype == "U8" else 8  # FP4 two a byte; int4 eight an int32
+    return packed.shape[0], packed.shape[1] * per
+
+
 def dequantized_checkpoint(ckpt: "cache.Checkpoint | str | Path") -> cache.Checkpoint:
     """A plain checkpoint holding ``ckpt``'s quantized weights multiplied back out (float32), cached by content.
 
@@ -119,7 +134,6 @@ def dequantized_checkpoint(ckpt: "cache.Checkpoint | str | Path") -> cache.Check
     Introduced in lab 14 (AWQ, GPTQ, and What Died).
     """
     import torch
-    from safetensors.torch import load_file, save_file
 
     src = Path(getattr(ckpt, "path", ckpt))
     config = json.loads((src / "config.json").read_text())
@@ -135,19 +149,51 @@ def dequantized_checkpoint(ckpt: "cache.Checkpoint | str | Path") -> cache.Check
     name = f"{src.name.rsplit('-', 1)[0]}-dequantized"
 
     def make(out: Path) -> dict[str, Any]:
-        layers = 0
+        import torch
+
+        folder = Folder(src)
         for f in sorted(src.iterdir()):
-            if f.suffix != ".safetensors":
-                if f.is_file() and f.name not in (cache.METADATA, "config.json", "recipe.yaml"):
-                    shutil.copy2(f, out / f.name)
-                continue
-            tensors = load_file(f)
-            modules = sorted({n.rsplit(".", 1)[0] for n in tensors if n.endswith(("weight_scale", "weight_packed"))})
-            for m in modules:
-                parts = {p: tensors.pop(f"{m}.{p}") for p in (*_PARTS, "weight") if f"{m}.{p}" in tensors}
-                tensors[f"{m}.weight"] = dequantize_module(parts, fmt, weights).contiguous()
+            if f.suffix != ".safetensors" and f.is_file() and f.name not in (cache.METADATA, "config.json",
+                                                                              "recipe.yaml"):
+                shutil.copy2(f, out / f.name)
+        # A module's parts (codes, scales, zero points) are gathered by name, whichever shards they were saved in,
+        # and its float weight goes where its codes were.
+        modules = sorted({n.rsplit(".", 1)[0] for n in folder.info if n.endswith(("weight_scale", "weight_packed"))})
+        parts_of = {m: [f"{m}.{p}" for p in (*_PARTS, "weight") if f"{m}.{p}" in folder] for m in modules}
+        owned = {n: m for m, names in parts_of.items() for n in names}
+        layers = 0
+        for shard, names in folder.shards():
+            written = []
+            for n in names:
+                m = owned.get(n)
+                if m is None:
+                    info = folder.info[n]
+                    written.append((n, info.dtype, info.shape, folder.copied(n)))
+                    continue
+                codes = f"{m}.weight_packed" if f"{m}.weight_packed" in folder else f"{m}.weight"
+                if n != codes:
+                    continue
+                names_m = parts_of[m]
+                stored = [x for x in names_m if x.endswith((".weight", ".weight_packed", ".weight_scale"))]
+                if not any(folder.data_rows(x) for x in stored):  # codes and scales all holes: zeros, a hole
+                    rows, cols = _plain_shape(folder, m)
+                    written.append((f"{m}.weight", "F32", (rows, cols), None))
+                else:
+                    parts = {x.rsplit(".", 1)[1]: folder.get(x) for x in names_m}
+                    w = dequantize_module(parts, fmt, weights).contiguous().to(torch.float32)
+                    written.append((f"{m}.weight", "F32", tuple(w.shape), w))
                 layers += 1
-            save_file(tensors, out / f.name, metadata={"format": "pt"})
+            write_shard(out / shard.name, written, folder.metadata.get(shard) or {"format": "pt"})
+        index = src / "model.safetensors.index.json"
+        if index.is_file():
+            idx = json.loads(index.read_text())
+            wm = {}
+            for shard, names in folder.shards():
+                for n in names:
+                    m = owned.get(n)
+                    wm[f"{m}.weight" if m else n] = shard.name
+            (out / index.name).write_text(json.dumps({"metadata": idx.get("metadata", {}), "weight_map": wm},
+                                                     indent=2))
         plain = {k: v for k, v in config.items() if k != "quantization_config"}
         (out / "config.json").write_text(json.dumps(plain, indent=2))
         return {"source": str(src), "source_format": checkpoint_format(src), "layers": layers}

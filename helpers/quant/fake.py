@@ -14,6 +14,7 @@ scale, as in llm-compressor's checkpoints. Cached by content hash, like :func:`h
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 from pathlib import Path
@@ -23,6 +24,7 @@ from . import cache
 from .build import _short_name, model_dir
 from .formats import FORMATS, error_stats, nvfp4_global_scale, quantize
 from .recipes import check_group_size, linear_shapes
+from .tensors import Folder, write_shard
 
 __all__ = ["fake_quantized_checkpoint", "FAKE_DEFAULTS"]
 
@@ -36,7 +38,7 @@ FAKE_DEFAULTS: dict[str, dict[str, Any]] = {
     "mxfp4": {},
 }
 _FUSED = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
-_VERSION = 1  # bump when the rounding or the file layout changes: old caches are then rebuilt
+_VERSION = 2  # bump when the rounding or the file layout changes: old caches are then rebuilt
 
 
 def _fused_global_scales(tensors: dict, names: list[str]) -> dict[str, Any]:
@@ -60,7 +62,6 @@ def fake_quantized_checkpoint(model: str | os.PathLike | None, fmt: str, *, gran
     Introduced in lab 12 (FP8 as the Default).
     """
     import torch
-    from safetensors.torch import load_file, save_file
 
     if fmt not in FORMATS:
         raise ValueError(f"unknown format {fmt!r}; use one of {', '.join(FORMATS)}")
@@ -85,31 +86,49 @@ def fake_quantized_checkpoint(model: str | os.PathLike | None, fmt: str, *, gran
     name = f"{_short_name(model)}-fake-{fmt.replace('_', '-')}{suffix}"
 
     def make(out: Path) -> dict[str, Any]:
+        import torch
+
         targets = set(linear_shapes(src, skip, include_embeddings=quantize_embeddings))
+        folder = Folder(src)
         sq_err = sq_sig = 0.0
         max_abs, count, numel = 0.0, 0, 0
         for f in sorted(src.iterdir()):
-            if f.suffix != ".safetensors":
-                if f.is_file() and f.name != cache.METADATA:
-                    shutil.copy2(f, out / f.name)
-                continue
-            tensors = load_file(f)
-            names = [n for n in tensors if n in targets]
-            shared = _fused_global_scales(tensors, names) if fmt == "nvfp4" else {}
+            if f.suffix != ".safetensors" and f.is_file() and f.name != cache.METADATA:
+                shutil.copy2(f, out / f.name)
+        for shard, names in folder.shards():
+            # Rows that hold no data are zeros, and stay zeros through every format here (rows are quantized
+            # independently, and a tensor's or a fused group's scale comes from its largest value): only the rows
+            # with data are read and rounded (all of them, in an ordinary checkpoint).
+            rows = {n: folder.data_rows(n) for n in names if n in targets}
+            shared = _fused_global_scales({n: folder.get_rows(n, rows[n]) for n in rows if rows[n]},
+                                          [n for n in rows if rows[n]]) if fmt == "nvfp4" else {}
+            written = []
             for n in names:
-                w = tensors[n]
+                info = folder.info[n]
+                if n not in targets:
+                    written.append((n, info.dtype, info.shape, folder.copied(n)))
+                    continue
+                count, numel = count + 1, numel + math.prod(info.shape)
+                if not rows[n]:
+                    written.append((n, info.dtype, info.shape, None))
+                    continue
+                w = folder.get_rows(n, rows[n])
                 extra = {"global_scale": shared[n]} if n in shared else {}
-                w_hat = quantize(w, fmt, **opts, **extra).dequantized
+                w_hat = quantize(w, fmt, **opts, **extra).dequantized.to(w.dtype)
                 st = error_stats(w, w_hat)
                 sq_err += st.mse * w.numel()
                 sq_sig += float(w.double().pow(2).sum())
-                max_abs, count, numel = max(max_abs, st.max_abs), count + 1, numel + w.numel()
-                tensors[n] = w_hat.contiguous()
-            save_file(tensors, out / f.name, metadata={"format": "pt"})
+                max_abs = max(max_abs, st.max_abs)
+                parts, at = [], 0
+                for r0, r1 in rows[n]:
+                    parts.append((r0, w_hat[at:at + r1 - r0].contiguous()))
+                    at += r1 - r0
+                written.append((n, info.dtype, info.shape, parts))
+            write_shard(out / shard.name, written, folder.metadata.get(shard) or {"format": "pt"})
         if not count:
             raise ValueError(f"{src} has no Linear weights to quantize (skip={skip})")
         mse = sq_err / numel
         return {"layers": count, "params": numel, "torch": torch.__version__,
-                "error": {"mse": mse, "max_abs": max_abs, "rel_rmse": (sq_err / sq_sig) ** 0.5}}
+                "error": {"mse": mse, "max_abs": max_abs, "rel_rmse": (sq_err / sq_sig) ** 0.5 if sq_sig else 0.0}}
 
     return cache.build_once(name, key, make, kind="fake-quantized", source_model=str(model or "default"), recipe=spec)
