@@ -48,3 +48,18 @@ def test_with_output_lengths_cycles_and_keeps_the_prompts():
     assert mixed.spec["output_lengths"] == [128, 16]
     with pytest.raises(ValueError, match=">= 1 tokens"):
         bench.with_output_lengths(base, [16, 0])
+
+
+def test_joined_and_left_counts_what_comparing_every_pair_counts():
+    import random
+
+    from helpers.bench import joined_and_left
+
+    rng = random.Random(5)
+    for n in (0, 1, 2, 7, 60):
+        for _ in range(30):
+            starts = [round(rng.random() * 5, 1) for _ in range(n)]  # rounded: ties in dispatch time happen
+            iv = [(d, d + round(rng.random() * 3, 1)) for d in starts]
+            brute = sum(1 for a in iv for b in iv if a[0] < b[0] < a[1] and b[1] < a[1])
+            assert joined_and_left(iv) == brute
+    assert joined_and_left([(0, 10), (1, 2), (3, 4)]) == 2 and joined_and_left([(0, 1), (0, 1)]) == 0

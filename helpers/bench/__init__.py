@@ -29,7 +29,7 @@ windows, the two goodputs; no files) -> ``store`` (a run's folder; :class:`RunRe
 
 from . import charts
 from .arrivals import Arrivals, Concurrent, ConstantRate, Poisson, Ramp, Steps, Synchronous, make_arrivals
-from .batching import decode_steps_ms, interpolate, static_batches, with_output_lengths
+from .batching import decode_steps_ms, interpolate, joined_and_left, static_batches, with_output_lengths
 from .calibration import CalibrationConfig, CalibrationServer
 from .client import ClientConfig, StreamParser, build_payload
 from .conversations import CONVERSATIONS, Conversations
@@ -62,7 +62,7 @@ __all__ = [
     # running and saved runs
     "run", "Size", "Sending", "Recording", "together", "stall_load", "stall_pacing", "Target", "target_of", "reconcile", "choose_workers", "RunResult", "RunFolder", "load_run", "records_of",
     # static batching, for comparison; reading a measured curve
-    "static_batches", "with_output_lengths", "decode_steps_ms", "interpolate",
+    "static_batches", "with_output_lengths", "decode_steps_ms", "interpolate", "joined_and_left",
     # searches
     "sweep", "SweepResult", "capacity", "Capacity", "find_max_rate", "MaxRateResult", "Probe", "Remeasure",
     # statistics
