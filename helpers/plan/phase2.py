@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from .. import runtime, sizing
+from . import resources as res
 from .core import fits_context, gpu, gpu_fit, long_enough, model_config, register
 
 @register("06")
@@ -13,10 +14,18 @@ def _lab06(p: runtime.Profile, quick: bool) -> dict[str, Any]:
     cfg = model_config(p)
     # The small pool: just over one max_model_len request, set explicitly so the same arithmetic holds anywhere.
     small = int(1.15 * sizing.kv_bytes_for_context(cfg, p.max_model_len))
+    # The small server beside the big one: on a CPU both pools come out of RAM; on a card the big server holds its
+    # whole share and the small one must find its own share free (vLLM 0.32 refuses it otherwise), so the lab stops
+    # the big server while the small one runs and starts it again after.
+    both = [res.server("big (memory knob)", p, p.max_model_len),
+            res.server("small (set exactly)", p, p.max_model_len, kv_bytes=small)]
+    beside = all(c["ok"] for c in res.servers_on_card(p, both)[1])
     return {"max_model_len": p.max_model_len, "max_request_tokens": load_in + load_out,
             "min_gpu_memory_utilization": p.utilization if gpu(p) else None, "min_run_s": 0.0,
             "values": {"load_input": load_in, "load_output": load_out, "overload": 1.05,
-                       "small_kv_bytes": small, "block_sizes": [16, 128], "parallel_n": 4},
+                       "small_kv_bytes": small, "block_sizes": [16, 128], "parallel_n": 4,
+                       "small_beside_big": beside},
+            "rehearsal": {"load_output": 16, "overload": 0.25},
             "checks": [fits_context(load_in + load_out, p.max_model_len, "each request of the load"),
                        gpu_fit(p, p.utilization, p.max_model_len)]}
 
@@ -36,6 +45,7 @@ def _lab07(p: runtime.Profile, quick: bool) -> dict[str, Any]:
                        # measured it at 0.84-0.98 and CI once at 1.08, static ahead.
                        "static_batch": 4 if not gpu(p) else 32, "static_batches": 4 if quick else 8,
                        "long_reply": 128 if quick else 256, "short_reply": 16 if quick else 32},
+            "rehearsal": {"output_len": 4, "timeline_s": 2.0, "static_batches": 2, "long_reply": 16, "short_reply": 4},
             "checks": [fits_context(inp + out, p.max_model_len, "each request"),
                        long_enough(p, duration, inp, out, batch=4, what="the mid-flight timeline (a few requests in flight)")]}
 
@@ -61,6 +71,8 @@ def _lab08(p: runtime.Profile, quick: bool) -> dict[str, Any]:
                        # section 5: a short prompt behind a long one at the smallest budget, the cap off and on;
                        # an odd number of pairs, so the median is one request's TTFT, not the mean of two
                        "hol": {"long": hol_long, "short": 64, "cap": budgets[-1] // 4, "pairs": 3 if quick else 5}},
+            "rehearsal": {"decode_output": 48, "long_prompts": 2,
+                          "hol": {"long": hol_long, "short": 64, "cap": budgets[-1] // 4, "pairs": 1}},
             "checks": [fits_context(long_prompt + 8, p.max_model_len, "a long prompt"),
                        {"claim": f"section 5's cap ({budgets[-1] // 4}) plus its short prompt (64) fit one step of the "
                                  f"smallest budget ({budgets[-1]}), and its long prompt ({hol_long}) needs several",
@@ -80,6 +92,7 @@ def _lab09(p: runtime.Profile, quick: bool) -> dict[str, Any]:
             "min_gpu_memory_utilization": p.utilization if gpu(p) else None, "min_run_s": 0.0,
             "values": {"block_size": block, "requests": 8 if quick else 24, "system_prompt": system,
                        "suffix": suffix, "short_prefix": block - 4, "output": 16},
+            "rehearsal": {"requests": 4, "output": 4},
             "checks": [fits_context(system + suffix + 16, p.max_model_len, "each request")]}
 
 
@@ -91,6 +104,7 @@ def _lab10(p: runtime.Profile, quick: bool) -> dict[str, Any]:
             "min_gpu_memory_utilization": p.utilization if gpu(p) else None, "min_run_s": duration,
             "values": {"input_len": inp, "output_len": out, "duration_s": duration, "load_fraction": 0.8,
                        "warm_requests": 6 if quick else 30, "client_cap": 2},
+            "rehearsal": {"duration_s": 1.0, "warm_requests": 4, "output_len": 8},
             "checks": [fits_context(1024 + 16, p.max_model_len, "the warmup-pitfall prompts"),
                        long_enough(p, duration, inp, out, batch=16, what="each arrival run")]}
 
@@ -116,6 +130,7 @@ def _lab11(p: runtime.Profile, quick: bool) -> dict[str, Any]:
                        "p99_ttft_target_ms": 1500 if not gpu(p) else 500, "tpot_slo_ms": 100 if not gpu(p) else 50,
                        "configs": {"default": {}, "chunked prefill tuned (max_num_batched_tokens=512)":
                                    {"max_num_batched_tokens": 512}, "max_num_seqs limited (8)": {"max_num_seqs": 8}}},
+            "rehearsal": {"output_len": 8, "sweep_s": 1.0, "probe_s": 1.0, "search_runs": 2, "saturation_concurrency": 32},
             "checks": [fits_context(inp + out, p.max_model_len, "each request"),
                        long_enough(p, probe_s, inp, out, batch=16, what="each probe of the search")]}
 

@@ -125,7 +125,10 @@ def servers_on_card(p: runtime.Profile, servers: list[dict[str, Any]], together:
     card = p.gpu_memory_gib * 2**30
     overhead = GPU_OVERHEAD_GIB * 2**30
     out, checks = [], []
-    used = {s["server"]: s["weights_bytes"] + (s["kv_bytes"] or s["kv_needed_bytes"]) + overhead for s in servers}
+    # What each holds once up: all of its share when vLLM sizes its KV cache (the pool fills the budget), its weights,
+    # fixed pool and overhead when kv_cache_memory_bytes fixes it (the profiler is skipped).
+    used = {s["server"]: s["utilization"] * card if s["kv_bytes"] is None else
+            s["weights_bytes"] + s["kv_bytes"] + overhead for s in servers}
     for s in servers:
         others = [o for o in servers if o is not s]
         requested = s["utilization"] * card

@@ -138,8 +138,10 @@ class Server(Listener):
             engine_args = normalize(engine_args)
             check_engine_args(engine_args, machine.device, machine.gpus[0] if machine.gpus else None)
             kv = engine_args.get("kv_cache_dtype")
-            if kv is not None:  # refused before a start that would die in vLLM (an FP8 KV cache on a T4)
-                s = support.lookup("kv_cache", str(kv), support.Device.of_machine(machine))
+            if kv is not None:  # refused before a start that would die in vLLM (an FP8 KV cache on a T4, or on an
+                # A100 for a model whose head size FlashInfer does not take)
+                s = support.lookup("kv_cache", str(kv), support.Device.of_machine(machine),
+                                   head_size=_head_size(model))
                 if not s.supported:
                     raise ValueError(f"kv_cache_dtype={kv!r} is not served on this machine: {s.why}")
         # On a GPU, the share of the card this server asks vLLM for: a start needs that much free, whatever other
@@ -147,6 +149,15 @@ class Server(Listener):
         util = dict(engine_args).get("gpu_memory_utilization", 0.92) if isinstance(engine_args, Mapping) else None
         self.gpu_share = float(util) if machine.has_gpu and isinstance(util, (int, float)) else None
         self.model_path = _models.resolve(model)
+        # What it then holds: all of that share when vLLM sizes the KV cache (it fills its budget), but only weights,
+        # the fixed pool and activations with kv_cache_memory_bytes (vLLM skips its profiler: v1/worker/gpu_worker.py
+        # determine_available_memory). Lab 04's two tiny servers, each asking 0.9 of a card, fit side by side so.
+        self.gpu_held = self.gpu_share
+        kv_fixed = dict(engine_args).get("kv_cache_memory_bytes") if isinstance(engine_args, Mapping) else None
+        if self.gpu_share is not None and kv_fixed and machine.gpus:
+            card = machine.gpus[0].memory_gib * 2**30
+            held = _checkpoint_bytes(self.model_path) + int(kv_fixed) + _GPU_OVERHEAD_BYTES
+            self.gpu_held = min(self.gpu_share, held / card)
         self.served_model_name = served_model_name or _models.served_name(model)
         self.engine_args = dict(engine_args) if isinstance(engine_args, Mapping) else list(engine_args or [])
         self.env = {k: str(v) for k, v in (env or {}).items()}
@@ -353,9 +364,9 @@ class Server(Listener):
             "or `python -m helpers.server stop-all` (or wait for a slot: LABS_WAIT_FOR_SLOT_S=seconds).")
 
     def _card_taken(self, running: list[Any]) -> float:
-        """The share of this server's card the running servers asked for (0 off a GPU, or on another card)."""
+        """The share of this server's card the running servers hold (0 off a GPU, or on another card)."""
         mine = self.env.get("CUDA_VISIBLE_DEVICES", os.environ.get("CUDA_VISIBLE_DEVICES", "all"))
-        return sum(float(r.meta.get("gpu_share") or 0.0) for r in running
+        return sum(float(r.meta.get("gpu_held", r.meta.get("gpu_share")) or 0.0) for r in running
                    if r.meta.get("gpus", "all") in (mine, "all") or mine == "all")
 
     def _card_short(self, running: list[Any]) -> bool:
@@ -371,7 +382,7 @@ class Server(Listener):
             self.port = self.requested_port
         else:
             self.port = procs.free_port(self.host)
-        cmd = [self.python, "-m", "vllm.entrypoints.openai.api_server", "--model", self.model_path,
+        cmd = [self.python, "-m", settings.vllm_entrypoint(), "--model", self.model_path,
                "--host", self.host, "--port", str(self.port), *self._args()]
         env = dict(os.environ)
         # Plain log lines (papermill kernels set FORCE_COLOR), no usage reporting, no buffering.
@@ -389,6 +400,7 @@ class Server(Listener):
             log_path=self.log_dir / f"vllm-{self.served_model_name}-{stamp}-{self.port}.log",
             secrets=[self.api_key], die_with_owner=not self.reuse, on_release=self._release,
             meta={"model": self.model_path, "serves": self._serves(), "gpu_share": self.gpu_share,
+                  "gpu_held": self.gpu_held,
                   "gpus": self.env.get("CUDA_VISIBLE_DEVICES", os.environ.get("CUDA_VISIBLE_DEVICES", "all"))},
             cpus=bound_cpus(self.env)).start()
 
@@ -555,10 +567,30 @@ def bound_cpus(env: Mapping[str, str]) -> set[int] | None:
 
 
 _DEV_MODE = "VLLM_SERVER_DEV_MODE"
+#: What a vLLM server holds on a card beyond weights and a fixed KV pool: activations, CUDA graphs, the CUDA context.
+_GPU_OVERHEAD_BYTES = 2 * 2**30
+
+
+def _checkpoint_bytes(model_path: str) -> int:
+    """The bytes of a checkpoint's safetensors files (what its weights take, to a few percent), 0 when not local."""
+    folder = _models.local_path(model_path)
+    return sum(f.stat().st_size for f in Path(folder).glob("*.safetensors")) if folder else 0
 _ADOPTING = threading.Lock()
 #: What must match for one checkpoint's weights to load into a server started with another.
 _SAME_SHAPE_KEYS = ("architectures", "model_type", "hidden_size", "intermediate_size", "num_hidden_layers",
                     "num_attention_heads", "num_key_value_heads", "vocab_size", "tie_word_embeddings")
+
+
+def _head_size(model: Any) -> int:
+    """The attention head size of ``model`` from its local config (128, the common one, when it cannot be read)."""
+    try:
+        folder = _models.local_path(_models.resolve(model)) if model is not None else None
+        cfg = _read_config(folder) or {}
+    except (OSError, ValueError):
+        return 128
+    cfg = cfg.get("text_config") or cfg
+    heads = cfg.get("num_attention_heads") or 1
+    return int(cfg.get("head_dim") or (cfg.get("hidden_size") or 128 * heads) // heads)
 
 
 def _read_config(path: Path | None) -> dict[str, Any] | None:
