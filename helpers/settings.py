@@ -27,7 +27,7 @@ from typing import Iterator
 __all__ = [
     "file_lock",
     "FLAGS", "Flag", "flag", "enabled", "quick", "headless", "session", "reuse_server", "max_processes",
-    "keep_server_on_error", "profile_name", "cpu_dtype", "repo_root", "data_dir", "cache_dir", "hub_cache_dir",
+    "keep_server_on_error", "profile_name", "cpu_dtype", "rehearsal", "vllm_entrypoint", "gpu_probe", "repo_root", "data_dir", "cache_dir", "hub_cache_dir",
     "reports_dir", "runs_dir", "state_dir", "log_dir", "describe",
 ]
 
@@ -69,6 +69,12 @@ FLAGS: dict[str, Flag] = {f.name: f for f in (
                                     "in the repository, built by `make setup`)"),
     Flag("LABS_REPO", None, "the repository the Colab setup cell clones (read by that cell, before helpers is "
                             "installed)"),
+    Flag("LABS_REHEARSAL", "0", "1 = a rehearsal (`python -m ci.rehearse`): every plan at its rehearsal size (the full "
+                                "plan's structure, counts and durations cut), servers from LABS_VLLM_ENTRYPOINT"),
+    Flag("LABS_VLLM_ENTRYPOINT", "vllm.entrypoints.openai.api_server",
+         "the module `python -m` runs for a vLLM server (a rehearsal names its stand-in)"),
+    Flag("LABS_GPU_PROBE", None, "a module `python -m` runs instead of the torch probe of sizing.measure('cuda') (a "
+                                 "rehearsal names its stand-in; it prints the probe's JSON)"),
 )}
 
 _TRUE = {"1", "true", "yes", "on"}
@@ -99,6 +105,31 @@ def quick() -> bool:
     Introduced in lab 01 (One GPU, One Model).
     """
     return enabled("LABS_QUICK")
+
+
+def rehearsal() -> bool:
+    """True in a rehearsal (``LABS_REHEARSAL=1``, set by ``python -m ci.rehearse``): plans take their rehearsal size.
+
+    Introduced in lab 01 (One GPU, One Model).
+    """
+    return enabled("LABS_REHEARSAL")
+
+
+def vllm_entrypoint() -> str:
+    """The module a vLLM server runs as (``LABS_VLLM_ENTRYPOINT``; vLLM's OpenAI API server unless a rehearsal
+    names its stand-in).
+
+    Introduced in lab 01 (One GPU, One Model).
+    """
+    return flag("LABS_VLLM_ENTRYPOINT") or "vllm.entrypoints.openai.api_server"
+
+
+def gpu_probe() -> str | None:
+    """The module that stands in for the GPU probe (``LABS_GPU_PROBE``), or None for the real one.
+
+    Introduced in lab 05 (Where the Time Goes).
+    """
+    return flag("LABS_GPU_PROBE")
 
 
 def headless() -> bool:

@@ -47,8 +47,14 @@ def lab(number: str, profile: runtime.Profile | str, quick: bool | None = None) 
     number = f"{int(number):02d}"
     if number not in LABS:
         raise KeyError(f"no plan for lab {number}; plans exist for {', '.join(sorted(LABS))}")
-    q = _quick() if quick is None else quick
+    from ..settings import rehearsal as _rehearsal
+
+    rehearse = _rehearsal()
+    q = False if rehearse else (_quick() if quick is None else quick)
     raw = LABS[number](prof, q)
+    cuts = raw.pop("rehearsal", {})
+    if rehearse:  # the full plan's structure (every list's members, every toggle), its counts and durations cut
+        raw["values"] = {**raw["values"], **cuts}
     servers, together = raw.pop("servers", None), raw.pop("together", False)
     p = LabPlan(lab=number, profile=prof.name, model=raw.pop("model", prof.model), **raw)
     p.checks.insert(0, fits_context(p.max_request_tokens, p.max_model_len, "the longest request"))

@@ -23,8 +23,10 @@ def _lab24(p: runtime.Profile, quick: bool) -> dict[str, Any]:
         room = p.utilization * p.gpu_memory_gib - sizing.weight_bytes(cfg).total / 2**30 - GPU_OVERHEAD_GIB
         fits = int(room * 2**30 // sizing.kv_bytes_for_context(cfg, shared + unique + out))
         top = 2 ** int(math.log2(max(1, min(fits, 32 if quick else 64))))  # the most requests the card holds
-        concurrencies = sorted({max(1, top // 8), max(1, top // 2), top}) if quick else \
-            sorted({c for c in geometric(top, 5) if c >= 1})
+        # one request in flight always among them: the drafting misconception is measured there (and the "one
+        # request" row reads it), whatever the card holds
+        concurrencies = sorted({1, max(1, top // 8), max(1, top // 2), top}) if quick else \
+            sorted({1} | {c for c in geometric(top, 5) if c >= 1})
         fault_concurrency = top
     else:
         shared, unique, out = (256, 64, 32) if quick else (512, 128, 64)
@@ -91,6 +93,11 @@ def _lab24(p: runtime.Profile, quick: bool) -> dict[str, Any]:
                        # the prompt-injection check on the baseline replica: code-explanation requests per condition
                        # (the injected comment, the same defended, a clean control) and the tokens of each reply
                        "injection_requests": 8 if quick else 32, "injection_tokens": 48},
+            "rehearsal": {"output": 8, "requests_per_slot": 1, "fault_concurrency": min(fault_concurrency, 4),
+                          "fault_requests": 2 * min(fault_concurrency, 4),
+                          "gateway_requests": 20, "rate_probe_requests": 12, "canary_drift_texts": 4,
+                          "injection_requests": 2, "injection_tokens": 16, "stall": dict(stall, long_prompts=2),
+                          "gateway_output": min(out, 16) if gpu(p) else 8},
             "servers": servers, "disk_bytes": res.disk(*_model_download(p, model)),
             "tools": res.tools("PyYAML", "nginx"),
             "checks": [fits_context(request, max_len, "a request of the scaled workload"),

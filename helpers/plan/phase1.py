@@ -36,6 +36,7 @@ def _lab02(p: runtime.Profile, quick: bool) -> dict[str, Any]:
             "min_run_s": 0.0,
             "values": {"prompt_lengths": lengths, "batch_sizes": batches, "decode_input": dec_in,
                        "decode_output": dec_out, "repeats": 2 if quick else 3},
+            "rehearsal": {"repeats": 1, "decode_output": 4},
             "checks": [fits_context(lengths[-1] + 1, p.max_model_len, "the longest prefill"),
                        gpu_fit(p, p.utilization, p.max_model_len),
                        {"claim": f"batches {batches} <= the profile's max_num_seqs",
@@ -90,6 +91,8 @@ def _lab05(p: runtime.Profile, quick: bool) -> dict[str, Any]:
                        "calibration_output": 16, "decode_rounds": 3 if quick else 8,
                        "decode_max_rounds": 8 if quick else 16, "repeats": 3,
                        "batch": 16 if not gpu(p) else 64},
+            "rehearsal": {"context": min(context, 8192), "long_output": 4, "calibration_output": 4, "decode_rounds": 2,
+                          "decode_max_rounds": 2, "repeats": 2},
             "checks": [fits_context(context, p.max_model_len, "the Sizing Sheet's long request"),
                        gpu_fit(p, p.utilization, context)]}
 

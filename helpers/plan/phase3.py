@@ -40,7 +40,7 @@ def _ask(spec: dict[str, Any]) -> tuple[str, str]:
     kv = spec.get("engine", {}).get("kv_cache_dtype")
     if kv:
         return ("kv_cache", kv)
-    return ("weights", "fp8" if spec.get("engine", {}).get("quantization") == "fp8" else "plain")
+    return ("weights", "fp8-online" if spec.get("engine", {}).get("quantization") == "fp8" else "plain")
 
 
 def _served(p: runtime.Profile, configs: dict[str, dict[str, Any]]) -> tuple[dict[str, dict[str, Any]],
@@ -93,6 +93,7 @@ def _lab12(p: runtime.Profile, quick: bool) -> dict[str, Any]:
             "values": {"weights": weights, "kv_cache_dtype": "fp8", "drift_texts": _drift_texts(quick),
                        "sample_layers": 3, "sample_weights": 2**18 if quick else 2**20,
                        "greedy_prompts": 4 if quick else 8, "greedy_tokens": 32},
+            "rehearsal": {"drift_texts": 4, "sample_weights": 2**12, "greedy_prompts": 2, "greedy_tokens": 8},
             "formats": rows, "disk_bytes": res.disk(*_checkpoints(p, weights, None)),
             "checks": [gpu_fit(p, p.utilization, p.max_model_len)]}
 
@@ -114,6 +115,7 @@ def _lab13(p: runtime.Profile, quick: bool) -> dict[str, Any]:
             "values": {"formats": formats, "block_sizes": [8, 16, 32, 64, 128], "scale_formats": ["fp32", "e4m3", "e8m0"],
                        "sample_layers": 2 if quick else 4, "sample_weights": 2**18 if quick else 2**20,
                        "drift_texts": _drift_texts(quick), "calibration_samples": _calibration_samples(p)},
+            "rehearsal": {"sample_weights": 2**12, "drift_texts": 4},
             "formats": rows, "calibration": cal,
             "disk_bytes": res.disk(*_checkpoints(p, formats, None)),
             "tools": res.tools("llm-compressor") if any("recipe" in s for s in formats.values()) else [],
@@ -147,6 +149,7 @@ def _lab14(p: runtime.Profile, quick: bool) -> dict[str, Any]:
                        "awq_builds": gpu(p),
                        "calibration_samples": samples, "drift_texts": _drift_texts(quick),
                        "speed_input": 128, "speed_output": 32 if quick else 64, "speed_requests": 3 if quick else 8},
+            "rehearsal": {"drift_texts": 2, "speed_output": 4, "speed_requests": 1},
             "formats": rows, "calibration": res.calibration(p, samples), "disk_bytes": res.disk(*items),
             "tools": res.tools("llm-compressor"),
             "checks": [fits_context(128 + 64, p.max_model_len, "a speed probe"),
@@ -248,6 +251,9 @@ def _lab15(p: runtime.Profile, quick: bool) -> dict[str, Any]:
                        "lengths": lengths, "haystacks": 1 if quick else 2, "drift_texts": 16 if quick else None,
                        "gate": {"max_task_drop": 0.05, "max_kl": 0.05, "min_top1": 0.90, "max_long_drop": 0.25},
                        "standard_task": standard},
+            "rehearsal": {"limit": 1, "haystacks": 1, "drift_texts": 2,
+                          "lengths": [min(1024 * 2**k, lengths[k]) for k in range(len(lengths))],
+                          "standard_task": dict(standard, limit=4) if standard else None},
             "formats": rows, "calibration": cal,
             "disk_bytes": res.disk(*_checkpoints(p, candidates, "reused by lab 17 (cached by content)")),
             "tools": res.tools("lm-eval", *(["llm-compressor"] if any("recipe" in s for s in candidates.values())
@@ -274,6 +280,7 @@ def _lab16(p: runtime.Profile, quick: bool) -> dict[str, Any]:
             "values": {"k": k, "speculative": served, "not_served": not_served, "output_len": out,
                        "requests_at_1": 3 if quick else 8, "concurrency": conc,
                        "temperature": {"copy": 0.0, "open": 0.8}},
+            "rehearsal": {"output_len": 16, "requests_at_1": 2},
             "formats": res.formats(p, *[("speculative", s["method"]) for s in served.values()]),
             "disk_bytes": res.disk(*[res.item(f"{n}: draft model (hub cache)", _DRAFT_BYTES[s["model"]],
                                               "the Hugging Face hub cache", key=f"model:{s['model']}")
@@ -329,6 +336,8 @@ def _lab17(p: runtime.Profile, quick: bool) -> dict[str, Any]:
                        # prompts, compared token for token; verifying k+1 tokens in one step computes in another
                        # order than decoding one, so a near-tie may flip late in a 32-token answer
                        "greedy_prompts": 4, "greedy_tokens": 32, "min_greedy_agreement": 0.9},
+            "rehearsal": {"output_len": 8, "probe_s": 1.0, "capacity_s": 1.0, "search_runs": 2, "open_requests": 2,
+                          "greedy_prompts": 2, "greedy_tokens": 8},
             "formats": _served(p, {quant[0]: quant[1]})[1] + res.formats(
                 p, *[("speculative", s["method"]) for s in served.values()]),
             "disk_bytes": res.disk(*_checkpoints(p, {quant[0]: quant[1]}, "the deliverable's checkpoint"),

@@ -35,6 +35,7 @@ def _lab18(p: runtime.Profile, quick: bool) -> dict[str, Any]:
                        "big_models": ["llama-3.1-70b", "qwen3-30b-a3b", "deepseek-v3"],
                        "card": p.hardware if gpu(p) else "h100", "links": ["nvlink4", "pcie5", "ib_ndr"],
                        "pp": {"stages": 2, "microbatches": [1, 4, 16]}},
+            "rehearsal": {"output_len": 8, "repeats": 1},
             "checks": [fits_context(inp + out, max_len, "each request"),
                        {"claim": f"the KV pool ({kv_bytes / 2**20:.0f} MiB per rank) holds max_model_len "
                                  f"({max_len:,}) at TP=1", "ok": kv_bytes >= per_token * max_len},
@@ -56,6 +57,7 @@ def _lab19(p: runtime.Profile, quick: bool) -> dict[str, Any]:
                        "compare_texts": 4, "ep_sizes": [2, 4, 8],
                        "catalog": ["mixtral-8x7b", "qwen3-30b-a3b", "gpt-oss-20b", "deepseek-v3"],
                        "ep_model": "Qwen/Qwen3-30B-A3B", "ep_gpus": 8},
+            "rehearsal": {"output_len": 8, "repeats": 1, "routing_texts": 4},
             "tools": res.tools("PyYAML", "kubernetes-validate"),
             "checks": [fits_context(inp + out, 2048, "each request")]}
 
@@ -94,6 +96,7 @@ def _lab20(p: runtime.Profile, quick: bool) -> dict[str, Any]:
             "values": {"prompt_lengths": lengths, "output_len": out, "repeats": repeats,
                        "stall": stall, "kv_cache_memory_bytes": kv_bytes,
                        "links": ["nvlink4", "pcie5", "ib_ndr", "ethernet_100g"]},
+            "rehearsal": {"repeats": 1, "stall": dict(stall, long_prompts=2, min_output=16)},
             "servers": servers, "together": True,
             "formats": res.formats(p, ("connector", "ExampleConnector")),
             "disk_bytes": res.disk(*stores, res.item("the KV store: section 5's streams and long prompts", stall_store),
@@ -128,6 +131,7 @@ def _lab21(p: runtime.Profile, quick: bool) -> dict[str, Any]:
                        "kv_cache_memory_bytes": cache_tokens * per_token, "cache_tokens": cache_tokens,
                        "kv_bytes_per_token": per_token, "repeats": repeats,
                        "tiers": ["pcie5", "nvme_gen4", "object_store"]},
+            "rehearsal": {"repeats": 1},
             "servers": servers, "together": True,
             "formats": res.formats(p, ("connector", "ExampleConnector")),
             "disk_bytes": res.disk(res.item(f"the disk tier: {repeats + flush} prompts' blocks",
@@ -174,6 +178,9 @@ def _lab22(p: runtime.Profile, quick: bool) -> dict[str, Any]:
                        "queue_threshold": 4, "hold_s": 3.0, "scale": scale,
                        "slo": {"ttft_p99_ms": 1000.0, "tpot_p99_ms": 60.0} if gpu(p) else
                        {"ttft_p99_ms": 2000.0, "tpot_p99_ms": 250.0}},
+            "rehearsal": {"per_prefix": 2, "hold_s": 1.0,
+                          "scale": dict(scale, capacity_s=1.5, after_join_s=1.0, max_duration_s=30.0, input_len=256,
+                                        output_len=16)},
             "checks": [fits_context(request, max_len, "each routed request"),
                        shared_gpu_fit(p, 2, cache_tokens, model),
                        {"claim": f"a replica's cache ({cache_tokens:,} tokens) holds the {prefixes // 2} prefixes "
@@ -236,6 +243,8 @@ def _lab23(p: runtime.Profile, quick: bool) -> dict[str, Any]:
                        # alerts do (without it, one late request in a 15 s window fired it)
                        "burn_windows": [["1m", "15s", 14.4, "page", "15s"], ["2m", "30s", 6.0, "ticket", "20s"]],
                        "alert_for": {"queue_for": "5s", "kv_for": "10s", "preemption_for": "10s", "tpot_for": "15s"}},
+            "rehearsal": {"capacity_s": 1.5, "calm_s": 2.0, "overload_s": 3.0, "recovery_s": 3.0, "cooldown_s": 1.0,
+                          "hold_s": 1.0, "input_len": load["prefix_len"] + 64, "output_len": 16},
             "checks": [fits_context(request, replica["max_model_len"], "a request on lab 22's replicas"),
                        {"claim": f"a full batch ({load['max_num_seqs']} x {request:,} tokens) fits in lab 22's "
                                  f"{fleet_['values']['cache_tokens']:,}-token cache per replica with a tenth to spare: "

@@ -295,7 +295,11 @@ def measure(device: str = "cpu", dtype: str = "float32", seconds: float = 2.0, b
     code = ("import json, dataclasses; from helpers.sizing.hardware import measure_cpu, measure_gpu; "
             f"hw = measure_gpu(seconds={seconds!r}{buf}) if {device!r} == 'cuda' else "
             f"measure_cpu(seconds={seconds!r}, dtype={dtype!r}{buf}); print(json.dumps(dataclasses.asdict(hw)))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    from .. import settings
+
+    probe = settings.gpu_probe() if device == "cuda" else None
+    cmd = [sys.executable, "-m", probe] if probe else [sys.executable, "-c", code]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     if out.returncode != 0:
         raise RuntimeError(f"measuring the {device} failed:\n{out.stderr[-1500:]}")
     return Hardware(**json.loads(out.stdout.strip().splitlines()[-1]))
