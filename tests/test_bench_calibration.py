@@ -352,3 +352,20 @@ def test_a_run_told_in_groups_is_the_run_told_by_name(cal):
     assert {k: by_name.config[k] for k in keep} == {k: grouped.config[k] for k in keep}
     assert by_name.config["num_requests"] == 4 and by_name.config["warmup"] == 2 and grouped.config["seed"] == 7
     assert [r.id for r in by_name.records] == [r.id for r in grouped.records] == ["0", "1", "2", "3"]
+
+
+def test_a_tick_after_the_runs_loop_closed_sends_nothing_and_raises_nothing():
+    """The calling thread ticks the run (feeding a closed loop) until the harness thread exits: a tick that came after
+    the measuring phase ended, before the thread exited, fed a closed event loop ("RuntimeError: Event loop is
+    closed", seen in a GPU rehearsal's capacity run). It is now a no-op."""
+    from helpers.bench.harness import Harness, Supply
+
+    reqs = [Request(id=f"r{i}", prompt="x", max_output_tokens=1) for i in range(8)]
+    h = Harness(requests=[], supply=Supply(reqs[:2], more=lambda k: reqs[:k]), warmup=[], arrivals=Synchronous(),
+                cfg=None, folder=None, server_metrics=False, sample_interval_s=1.0, concurrency=2, duration_s=60.0)
+    loop = asyncio.new_event_loop()
+    h._loop, h._local_feed, h._feeding, h.t0 = loop, asyncio.Queue(), True, time.perf_counter()
+    loop.close()
+    h.tick()  # feeds more: the loop is closed, so nothing happens
+    h.stop_sending("done")
+    h.server_gone("test")

@@ -164,7 +164,7 @@ class Harness:
         if self.pool is not None:
             self.pool.kill()
         if self._loop is not None and self._main is not None:
-            self._loop.call_soon_threadsafe(self._main.cancel)
+            self._in_loop(self._main.cancel)
 
     # -- called from the calling thread, a few times a second ----------------------------------
     def tick(self, server: Any = None) -> None:
@@ -184,13 +184,13 @@ class Harness:
         if self.pool is not None:
             self.pool.stop(reason)
         if self._disp is not None and self._loop is not None:
-            self._loop.call_soon_threadsafe(self._disp.stop, reason)
+            self._in_loop(self._disp.stop, reason)
         self._close_feed()
 
     def server_gone(self, reason: str) -> None:
         t = time.perf_counter()
         if self._disp is not None and self._loop is not None:
-            self._loop.call_soon_threadsafe(self._disp.declare_dead, t, reason)
+            self._in_loop(self._disp.declare_dead, t, reason)
         else:
             self._on_dead(t, reason)
 
@@ -229,7 +229,17 @@ class Harness:
             self.pool.feed(items)
         elif self._loop is not None and self._local_feed is not None:
             feed = self._local_feed
-            self._loop.call_soon_threadsafe(lambda: [feed.put_nowait(r) for r in items])
+            self._in_loop(lambda: [feed.put_nowait(r) for r in items])
+
+    def _in_loop(self, fn: Any, *args: Any) -> None:
+        """Run ``fn(*args)`` in the run's event loop, unless the loop has already finished: the calling thread's tick
+        can come after the measuring phase ended and before the thread exits (a GPU rehearsal caught it as "Event loop
+        is closed" in a closed-loop capacity run)."""
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            return
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(fn, *args)
 
     def _close_feed(self) -> None:
         with self._lock:
