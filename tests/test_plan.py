@@ -64,3 +64,45 @@ def test_lab_23_runs_lab_22s_replicas_unchanged(name, quick):
     assert p22["replica"]["kv_cache_memory_bytes"] == p22["cache_tokens"] * p22["kv_bytes_per_token"]
     assert p23["max_num_seqs"] == p22["replica"]["max_num_seqs"]
     assert p23["max_num_seqs"] * (p23["input_len"] + p23["output_len"]) <= 0.9 * p22["cache_tokens"]
+
+
+def _same_shape(full, cut, where):
+    """A rehearsal value keeps the full value's structure: the same type, every list's length, every dict's keys,
+    every toggle and name; only numbers (counts, durations, lengths) may differ."""
+    if full is None:  # "all of them" (a count): may be made a number
+        assert cut is None or (isinstance(cut, int) and not isinstance(cut, bool)), f"{where}: None became {cut!r}"
+    elif isinstance(full, bool) or isinstance(full, str):
+        assert cut == full, f"{where}: {full!r} became {cut!r}"
+    elif isinstance(full, (int, float)):
+        assert isinstance(cut, (int, float)) and not isinstance(cut, bool), (where, cut)
+    elif isinstance(full, (list, tuple)):
+        assert isinstance(cut, (list, tuple)) and len(cut) == len(full), f"{where}: {full!r} -> {cut!r}"
+        for i, (a, b) in enumerate(zip(full, cut)):
+            _same_shape(a, b, f"{where}[{i}]")
+    elif isinstance(full, dict):
+        assert isinstance(cut, dict) and set(cut) == set(full), f"{where}: keys {set(full) ^ set(cut)}"
+        for k in full:
+            _same_shape(full[k], cut[k], f"{where}.{k}")
+
+
+@pytest.mark.parametrize("name", [n for n in runtime.PROFILES if n != "cpu"])
+def test_a_rehearsal_plan_keeps_the_full_plans_structure(name, monkeypatch):
+    """python -m ci.rehearse runs every lab at its rehearsal size: the full plan with counts, durations and lengths
+    cut, every list's members, toggle and format kept (so a rehearsal takes the path a full run takes)."""
+    full = {n: plan.lab(n, name, quick=False) for n in sorted(plan.LABS)}
+    monkeypatch.setenv("LABS_REHEARSAL", "1")
+    for n, p in full.items():
+        cut = plan.lab(n, name, quick=True)  # a rehearsal ignores quick: the full plan, cut
+        _same_shape(p.values, cut.values, f"lab {n}")
+        assert p.formats == cut.formats and p.max_model_len == cut.max_model_len, n
+
+
+@pytest.mark.parametrize("name", [n for n in runtime.PROFILES if n != "cpu"])
+def test_lab_05_fits_its_prefill_on_four_or_more_lengths_below_its_target(name):
+    """fit_prefill has three coefficients: the GPU plan gave a T4 one calibration length under its 8,192-token target
+    and an L4 two (the lab stopped at the fit), and an H100 three, extrapolated 8x."""
+    for quick in (False, True):
+        p = plan.lab("05", name, quick=quick)
+        lengths = p["calibration_lengths"]
+        assert len(lengths) >= 4 and all(L < p["context"] for L in lengths), (quick, lengths, p["context"])
+        assert max(lengths) >= p["context"] / 2, (quick, lengths)  # extrapolated at most 2x

@@ -76,8 +76,14 @@ def _lab05(p: runtime.Profile, quick: bool) -> dict[str, Any]:
     # Four lengths for three coefficients, the longest within 3/4 of the target's: on a CPU, three points fit
     # exactly and extrapolated 2x, one noisy point moved the predicted TTFT by 15% (make test measured 15.3 s
     # against 17.5 s predicted at 4,096 tokens from 512-2,048).
-    calib = [512, 1024, 2048, 3072] if not gpu(p) else [2048, 8192, 16384]
-    calib = [c for c in calib if c < context] or [context // 8, context // 4, context // 2]
+    # On a GPU five lengths from a sixteenth to three quarters of the target (four quick): three fixed lengths under
+    # a T4's 8,192-token target left one (a fit of three coefficients on one point), an L4's 16,384 two, and an H100's
+    # three fitted at 2-16K extrapolated 8x to 131,072.
+    if gpu(p):
+        calib = sorted({max(256, round(context * f / 256) * 256) for f in
+                        ((1 / 8, 1 / 4, 1 / 2, 3 / 4) if quick else (1 / 16, 1 / 8, 1 / 4, 1 / 2, 3 / 4))})
+    else:
+        calib = [c for c in (512, 1024, 2048, 3072) if c < context] or [context // 8, context // 4, context // 2]
     out = 16
     # Three repeats, quick or not: one request's TTFT moved by 3-5% between repeats here (the 4,080-token target
     # measured 7.31-8.26 s in five runs of this lab, the fit's error -6% to +6%), and the fit carries that to the
@@ -91,7 +97,9 @@ def _lab05(p: runtime.Profile, quick: bool) -> dict[str, Any]:
                        "calibration_output": 16, "decode_rounds": 3 if quick else 8,
                        "decode_max_rounds": 8 if quick else 16, "repeats": 3,
                        "batch": 16 if not gpu(p) else 64},
-            "rehearsal": {"context": min(context, 8192), "long_output": 4, "calibration_output": 4, "decode_rounds": 2,
+            "rehearsal": {"context": min(context, 8192), "long_output": 4, "calibration_output": 4,
+                          "calibration_lengths": [max(256, round(c * min(context, 8192) / context / 256) * 256)
+                                                  for c in calib], "decode_rounds": 2,
                           "decode_max_rounds": 2, "repeats": 2},
             "checks": [fits_context(context, p.max_model_len, "the Sizing Sheet's long request"),
                        gpu_fit(p, p.utilization, context)]}

@@ -251,7 +251,7 @@ def _lab15(p: runtime.Profile, quick: bool) -> dict[str, Any]:
                        "lengths": lengths, "haystacks": 1 if quick else 2, "drift_texts": 16 if quick else None,
                        "gate": {"max_task_drop": 0.05, "max_kl": 0.05, "min_top1": 0.90, "max_long_drop": 0.25},
                        "standard_task": standard},
-            "rehearsal": {"limit": 1, "haystacks": 1, "drift_texts": 2,
+            "rehearsal": {"limit": 2, "haystacks": 1, "drift_texts": 2,
                           "lengths": [min(1024 * 2**k, lengths[k]) for k in range(len(lengths))],
                           "standard_task": dict(standard, limit=4) if standard else None},
             "formats": rows, "calibration": cal,

@@ -156,7 +156,8 @@ class Server(Listener):
         kv_fixed = dict(engine_args).get("kv_cache_memory_bytes") if isinstance(engine_args, Mapping) else None
         if self.gpu_share is not None and kv_fixed and machine.gpus:
             card = machine.gpus[0].memory_gib * 2**30
-            held = _checkpoint_bytes(self.model_path) + int(kv_fixed) + _GPU_OVERHEAD_BYTES
+            held = _checkpoint_bytes(self.model_path) + int(kv_fixed) + _activation_bytes(self.model_path, engine_args) \
+                + _GPU_CONTEXT_BYTES
             self.gpu_held = min(self.gpu_share, held / card)
         self.served_model_name = served_model_name or _models.served_name(model)
         self.engine_args = dict(engine_args) if isinstance(engine_args, Mapping) else list(engine_args or [])
@@ -567,8 +568,22 @@ def bound_cpus(env: Mapping[str, str]) -> set[int] | None:
 
 
 _DEV_MODE = "VLLM_SERVER_DEV_MODE"
-#: What a vLLM server holds on a card beyond weights and a fixed KV pool: activations, CUDA graphs, the CUDA context.
-_GPU_OVERHEAD_BYTES = 2 * 2**30
+#: What a vLLM process holds on a card before its model: the CUDA context and non-torch allocations (~0.5 GiB).
+_GPU_CONTEXT_BYTES = 2**29
+
+
+def _activation_bytes(model_path: str, engine_args: Mapping[str, Any]) -> int:
+    """The peak of vLLM's profiling pass, as its profiler sizes it: one step of ``max_num_batched_tokens`` through the
+    MLP's gate and up projections, and float32 logits for ``max_num_seqs`` sequences (2 GiB, the plans' allowance,
+    when the config cannot be read)."""
+    cfg = _read_config(_models.local_path(model_path)) or {}
+    cfg = cfg.get("text_config") or cfg
+    if not cfg.get("hidden_size"):
+        return 2 * 2**30
+    budget = int(engine_args.get("max_num_batched_tokens") or 2048)
+    seqs = int(engine_args.get("max_num_seqs") or 256)
+    inter = int(cfg.get("moe_intermediate_size") or cfg.get("intermediate_size") or 4 * cfg["hidden_size"])
+    return budget * (2 * inter + 4 * int(cfg["hidden_size"])) * 2 + seqs * int(cfg.get("vocab_size") or 0) * 4
 
 
 def _checkpoint_bytes(model_path: str) -> int:

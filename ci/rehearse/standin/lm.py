@@ -15,7 +15,7 @@ import random
 from typing import Sequence
 
 #: Share of positions whose top two tokens swap, per configuration (a coarser format moves more of them).
-NOISE = {None: 0.0, "fp8": 0.02, "int8": 0.03, "int8-weights": 0.02, "int4": 0.07, "nvfp4": 0.06, "nvfp4a16": 0.05,
+NOISE = {None: 0.0, "fp8": 0.02, "fp8_e4m3": 0.02, "fp8_e5m2": 0.08, "int8": 0.03, "int8-weights": 0.02, "int4": 0.07, "nvfp4": 0.06, "nvfp4a16": 0.05,
          "mxfp4": 0.10, "mxfp4a16": 0.08, "kv-fp8": 0.01}
 COPY = 0.8          # how often a bigram seen earlier is continued as it was
 EOS_EVERY = 60      # about one position in this many ends a free generation

@@ -220,13 +220,19 @@ class State:
 
 
 def _fake_format(folder: Path) -> str | None:
-    meta = folder / "labs_fake_quant.json"
-    if meta.is_file():
-        try:
-            return json.loads(meta.read_text()).get("format")
-        except ValueError:
-            return None
-    return None
+    """A fake-quantized or dequantized copy's format, from the metadata the project's cache writes beside it (a
+    stand-in knows weights only by their headers: the copy's error shows as drift only through this)."""
+    meta = folder / "labs_quant.json"
+    if not meta.is_file():
+        return None
+    try:
+        d = json.loads(meta.read_text())
+    except ValueError:
+        return None
+    recipe = d.get("recipe") or {}
+    fmt = recipe.get("format") or recipe.get("scheme") or d.get("kind")
+    fmt = {"W8A8": "int8", "W4A16": "int4", "W4A16_ASYM": "int4", "FP8_DYNAMIC": "fp8"}.get(str(fmt), fmt)
+    return fmt if fmt in _lm.NOISE else ("int8" if d.get("kind") == "dequantized" else fmt)
 
 
 # ------------------------------------------------------------------------------------------------ start-up
