@@ -26,7 +26,7 @@ from . import settings
 
 __all__ = [
     "GPU", "Machine", "Profile", "WorkerMemory", "resolve_engine_args", "PROFILES", "detect", "profile", "choose_profile", "cpu_profile",
-    "parse_nvidia_smi", "parse_cpuinfo",
+    "parse_nvidia_smi", "parse_cpuinfo", "CARDS", "card_kind",
 ]
 
 
@@ -370,19 +370,51 @@ PROFILES: dict[str, Profile] = {
 }
 
 
+#: Cards by the words of their name as ``nvidia-smi`` prints it (split at anything but letters and digits), the
+#: most specific first: (words that must all appear, the most memory in GiB, their ``helpers.sizing.HARDWARE`` key,
+#: the profile they run). A card not listed gets the profile its memory and capability allow, and no catalog entry of
+#: its own (the plans then use the profile's card for speeds, its own memory for fits).
+CARDS: tuple[tuple[frozenset[str], float, str, str], ...] = tuple((frozenset(w.split()), mem, key, prof) for w, mem, key, prof in (
+    ("B200", 1e9, "b200", "b200"), ("B100", 1e9, "b200", "b200"),
+    ("H200", 1e9, "h200", "h200"),
+    ("H100 PCIE", 1e9, "h100-pcie", "h100"), ("H100", 1e9, "h100", "h100"), ("H800", 1e9, "h100", "h100"),
+    ("A100", 60.0, "a100-40gb", "a100"), ("A100", 1e9, "a100", "a100"), ("A800", 1e9, "a100", "a100"),
+    ("L40S", 1e9, "l40s", "a100"), ("L4", 1e9, "l4", "l4"), ("A10G", 1e9, "a10g", "l4"),
+    ("RTX 4090", 1e9, "rtx4090", "l4"), ("T4", 1e9, "t4", "colab-t4"),
+))
+
+
+def card_kind(name: str, memory_gib: float | None = None) -> tuple[str, str] | None:
+    """(``helpers.sizing.HARDWARE`` key, profile) of a card by its ``nvidia-smi`` name (and memory, which tells an
+    A100 40GB from an 80GB one), or ``None`` for a card this project has no entry for.
+
+    Introduced in lab 01 (One GPU, One Model).
+    """
+    import re
+
+    words = set(re.split(r"[^A-Z0-9]+", name.upper()))
+    for need, most, key, prof in CARDS:
+        if not need <= words:
+            continue
+        if memory_gib is not None and memory_gib > most:
+            continue
+        if memory_gib is None and most < 1e9 and "40GB" not in words:
+            continue  # a memory-bounded row (A100 40GB) needs the memory, or the size in the name
+        return key, prof
+    return None
+
+
 def choose_profile(machine: Machine) -> str:
-    """Map a machine to a profile name: the GPU's name decides, its memory breaks ties.
+    """Map a machine to a profile name: the GPU's name decides (:data:`CARDS`), its memory breaks ties.
 
     Introduced in lab 01 (One GPU, One Model).
     """
     if not machine.gpus:
         return "cpu"
     g = machine.gpus[0]
-    name = g.name.upper()
-    for key, prof in (("B200", "b200"), ("B100", "b200"), ("H200", "h200"), ("H100", "h100"), ("H800", "h100"),
-                      ("A100", "a100"), ("A800", "a100"), ("L4", "l4"), ("T4", "colab-t4")):
-        if key in name:
-            return prof
+    kind = card_kind(g.name, g.memory_gib)
+    if kind:
+        return kind[1]
     # An unlisted GPU: pick by memory and capability, conservatively.
     if not g.supports_bf16 or g.memory_gib < 20:
         return "colab-t4"
@@ -412,5 +444,9 @@ def profile(name: str | None = None, machine: Machine | None = None) -> Profile:
             "Use profile 'cpu' (unset LABS_PROFILE), or run on a GPU runtime (Colab: Runtime > Change runtime type).")
     if prof.device == "cpu":
         return cpu_profile(machine)
-    # The card's own capability and count (an RTX 3090 runs the l4 profile, without the L4's FP8 tensor cores)
-    return prof.replace(compute_capability=machine.gpus[0].compute_capability, devices=len(machine.gpus))
+    # The card's own capability, count and memory (an A100 40GB runs the a100 profile planned on 40 GB, an RTX 3090
+    # the l4 profile without the L4's FP8 tensor cores), and its own catalog entry where it has one (speeds, prices).
+    g = machine.gpus[0]
+    kind = card_kind(g.name, g.memory_gib)
+    return prof.replace(compute_capability=g.compute_capability, devices=len(machine.gpus), gpu_memory_gib=g.memory_gib,
+                        hardware=kind[0] if kind else prof.hardware)

@@ -214,3 +214,38 @@ def test_quantization_fetches_a_hub_model_a_fresh_runtime_has_not_downloaded_yet
     with pytest.raises(FileNotFoundError, match="HF_HUB_OFFLINE"):
         quant.model_dir("meta-llama/Llama-3.1-8B-Instruct")
     assert len(calls) == 1
+
+
+# Cards as nvidia-smi names them, with the memory it reports (MiB / 1024) and their compute capability.
+CARDS_SEEN = [
+    ("NVIDIA A100-SXM4-40GB", 40960 / 1024, (8, 0), "a100-40gb", "a100"),
+    ("NVIDIA A100-SXM4-80GB", 81920 / 1024, (8, 0), "a100", "a100"),
+    ("NVIDIA A100 80GB PCIe", 81920 / 1024, (8, 0), "a100", "a100"),
+    ("NVIDIA H100 PCIe", 81559 / 1024, (9, 0), "h100-pcie", "h100"),
+    ("NVIDIA H100 80GB HBM3", 81559 / 1024, (9, 0), "h100", "h100"),
+    ("NVIDIA A10G", 23028 / 1024, (8, 6), "a10g", "l4"),
+    ("NVIDIA L40S", 46068 / 1024, (8, 9), "l40s", "a100"),
+    ("NVIDIA GeForce RTX 4090", 24564 / 1024, (8, 9), "rtx4090", "l4"),
+    ("Tesla T4", 15360 / 1024, (7, 5), "t4", "colab-t4"),
+]
+
+
+@pytest.mark.parametrize("name,mem,cc,key,expected", CARDS_SEEN, ids=[c[3] + ":" + c[0] for c in CARDS_SEEN])
+def test_each_card_runs_its_profile_planned_on_its_own_memory(name, mem, cc, key, expected, monkeypatch):
+    from helpers import plan, sizing
+
+    monkeypatch.delenv("LABS_PROFILE", raising=False)
+    assert runtime.card_kind(name, mem) == (key, expected)
+    prof = runtime.profile(machine=machine(GPU(name, mem, cc)))
+    assert prof.name == expected and prof.gpu_memory_gib == mem and prof.hardware == key
+    assert sizing.hardware(name) is sizing.HARDWARE[key]  # the name alone finds the same catalog entry
+    for number in sorted(plan.LABS):  # every lab fits the card's own memory, not its profile's reference card's
+        p = plan.lab(number, prof, quick=False)
+        assert all(c["ok"] for c in p.as_dict()["checks"]), number
+
+
+def test_an_a100s_memory_tells_40gb_from_80gb_when_the_name_does_not():
+    assert runtime.card_kind("NVIDIA A100-PCIE", 39.4) == ("a100-40gb", "a100")
+    assert runtime.card_kind("NVIDIA A100-PCIE", 79.2) == ("a100", "a100")
+    assert runtime.card_kind("NVIDIA A100-PCIE") == ("a100", "a100")  # no memory, no size in the name: the 80GB card
+    assert runtime.card_kind("NVIDIA RTX A6000", 48) is None

@@ -428,7 +428,11 @@ def test_workload_concurrency(vllm_kv):
 
 # ---------------------------------------------------------------------------------- hardware
 def test_hardware_catalog_is_dense_datasheet_figures():
-    assert set(HARDWARE) == {"h100", "h200", "h200-measured", "b200", "a100", "l4", "t4", "a10g", "cpu"}
+    assert set(HARDWARE) == {"h100", "h200", "h200-measured", "b200", "a100", "l4", "t4", "a10g", "cpu",
+                             "a100-40gb", "h100-pcie", "l40s", "rtx4090"}
+    # dense figures: half the datasheet's starred (with sparsity) ones
+    assert HARDWARE["h100-pcie"].fp8_flops == 2 * HARDWARE["h100-pcie"].bf16_flops == 1513e12
+    assert HARDWARE["l40s"].bf16_flops == 362e12 and HARDWARE["a100-40gb"].memory_bandwidth == 1.555e12
     h100 = HARDWARE["h100"]
     assert h100.bf16_flops == 989.5e12 and h100.fp8_flops == 2 * h100.bf16_flops and h100.fp4_flops is None
     assert h100.memory_bandwidth == 3.35e12 and h100.ridge_point() == pytest.approx(295.4, abs=0.1)

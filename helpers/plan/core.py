@@ -209,11 +209,17 @@ def shared_gpu_fit(p: runtime.Profile, replicas: int, tokens: int, model: str | 
                      f"{GPU_OVERHEAD_GIB:g} GiB = {need:.1f} GiB <= its share {share:.1f} GiB", "ok": need <= share}
 
 
+#: The longest context a fleet lab gives one of two replicas on a card (lab 20's 32,768-token prompt and its output,
+#: in 256-token steps): the KV each copy must hold beside its weights.
+FLEET_CONTEXT = 33024
+
+
 def fleet_model(p: runtime.Profile) -> str:
-    """The model a one-card fleet lab runs two replicas of: the profile's, unless two copies cannot share the card."""
+    """The model a one-card fleet lab runs two replicas of: the profile's, unless two copies, each with the KV of the
+    longest fleet request, cannot share the card (an L40S's 45 GiB holds two 8B copies but not their 32k contexts)."""
     if p.gpu_memory_gib is None:
         return p.model
-    weights = sizing.weight_bytes(sizing.load_config(p.model, dtype=p.dtype)).total / 2**30
-    return p.model if 2 * (weights + GPU_OVERHEAD_GIB + 2) <= p.utilization * p.gpu_memory_gib else runtime.QWEN_1_5B
+    fits = shared_gpu_fit(p, 2, min(p.max_model_len, FLEET_CONTEXT), p.model)["ok"]
+    return p.model if fits else runtime.QWEN_1_5B
 
 

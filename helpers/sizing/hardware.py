@@ -120,6 +120,19 @@ HARDWARE: dict[str, Hardware] = {
     # 125 TFLOPS; ~70 TFLOPS FP16/BF16 dense as Baseten's A10 vs A10G comparison lists it (AWS publishes none).
     "a10g": Hardware("NVIDIA A10G 24GB", 24, 0.600 * TB, 70 * TB, 70 * TB, None, None, None,
                      "AWS G5 / Baseten 'A10 vs A10G' (tensor figure not on a datasheet)"),
+    # NVIDIA A100 datasheet, 40GB (SXM and PCIe): HBM2 1,555 GB/s; the same compute as the 80GB card (Colab's A100).
+    "a100-40gb": Hardware("NVIDIA A100 40GB", 40, 1.555 * TB, 312 * TB, 312 * TB, None, None, None,
+                          "NVIDIA A100 datasheet (40GB)"),
+    # NVIDIA H100 datasheet, PCIe: 80GB HBM2e, 2.0 TB/s; BF16 1,513 TFLOPS* and FP8 3,026 TFLOPS* with sparsity (half dense).
+    "h100-pcie": Hardware("NVIDIA H100 PCIe 80GB", 80, 2.0 * TB, 756.5 * TB, 756.5 * TB, 1513 * TB, None, None,
+                          "NVIDIA H100 datasheet (PCIe)"),
+    # NVIDIA L40S datasheet: 48GB GDDR6, 864 GB/s; BF16 733 TFLOPS* and FP8 1,466 TFLOPS* with sparsity.
+    "l40s": Hardware("NVIDIA L40S 48GB", 48, 0.864 * TB, 362 * TB, 362 * TB, 733 * TB, None, None,
+                     "NVIDIA L40S datasheet"),
+    # NVIDIA Ada Lovelace whitepaper, RTX 4090: 24GB GDDR6X, 1,008 GB/s; FP16/BF16 tensor 82.6 TFLOPS with FP32
+    # accumulate (what serving kernels use; 165 with FP16 accumulate), FP8 165.2 (FP32 accumulate).
+    "rtx4090": Hardware("NVIDIA GeForce RTX 4090 24GB", 24, 1.008 * TB, 82.6 * TB, 82.6 * TB, 165.2 * TB, None, None,
+                        "NVIDIA Ada Lovelace architecture whitepaper (RTX 4090)"),
     # Not a datasheet: what measure_cpu() found on the 2-core CI machines (AMD EPYC, AVX2 only; 2026-12-01:
     # 16.8 GB/s copy bandwidth, 90 GFLOP/s fp32 matmul). helpers.plan sizes the CPU profile's runs with it;
     # every lab that needs this machine's figures measures them.
@@ -136,6 +149,11 @@ def hardware(name: str) -> Hardware:
     key = name.lower().strip()
     if key in HARDWARE:
         return HARDWARE[key]
+    from ..runtime import card_kind
+
+    kind = card_kind(name)  # the most specific entry first: an A100-PCIE-40GB is not the 80 GB card
+    if kind and kind[0] in HARDWARE:
+        return HARDWARE[kind[0]]
     words = set(re.split(r"[^a-z0-9]+", key))  # "NVIDIA A100-SXM4-80GB" -> {"nvidia", "a100", "sxm4", "80gb"}
     for k in HARDWARE:
         if k in words:
