@@ -39,7 +39,7 @@ import numpy as np
 from . import models, procs, settings
 from .bench.stats import bootstrap_ci
 from .bench.workloads import token_counter
-from .endpoint import auth_headers
+from .endpoint import auth_headers, http
 
 __all__ = ["TASKS", "TaskScore", "Accuracy", "accuracy", "StandardScore", "standard_task", "LmEvalMissing",
            "lm_eval_python", "greedy", "Agreement", "CONDITIONS", "Injection", "injection_messages", "injection",
@@ -319,17 +319,17 @@ def _post_each(server: Any, path: str, bodies: Sequence[dict[str, Any]], concurr
     httpx's error."""
     from concurrent.futures import ThreadPoolExecutor
 
-    with httpx.Client(timeout=600.0, headers=auth_headers(getattr(server, "api_key", None)),
-                      limits=httpx.Limits(max_connections=max(1, concurrency))) as client:
-        def one(body: dict[str, Any]) -> dict[str, Any]:
-            r = client.post(f"{server.base_url}{path}", json=body)
-            if r.status_code != 200 and refused is not None:
-                raise RuntimeError(refused(r))
-            r.raise_for_status()
-            return r.json()
+    headers = auth_headers(getattr(server, "api_key", None))
 
-        with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
-            return list(pool.map(one, bodies))
+    def one(body: dict[str, Any]) -> dict[str, Any]:
+        r = http().post(f"{server.base_url}{path}", json=body, headers=headers, timeout=600.0)
+        if r.status_code != 200 and refused is not None:
+            raise RuntimeError(refused(r))
+        r.raise_for_status()
+        return r.json()
+
+    with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:  # ``concurrency`` requests in flight
+        return list(pool.map(one, bodies))
 
 
 def prompt_logprobs(server: Any, texts: Sequence[str] | None = None, top_k: int = 20,

@@ -18,7 +18,7 @@ from typing import Any, Iterable, Mapping
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from .endpoint import Endpoint, auth_headers
+from .endpoint import Endpoint, auth_headers, http
 
 __all__ = ["Sample", "Snapshot", "scrape", "parse", "Sampler", "MetricsUnavailable", "ServerView", "server_root"]
 
@@ -162,7 +162,7 @@ def scrape(base_url: str, timeout: float = 10.0, api_key: str | None = None) -> 
     """
     root = server_root(base_url)
     try:
-        r = httpx.get(f"{root}/metrics", timeout=timeout, headers=auth_headers(api_key))
+        r = http().get(f"{root}/metrics", timeout=timeout, headers=auth_headers(api_key))
     except httpx.HTTPError as e:
         raise MetricsUnavailable(f"could not reach {root}/metrics: {e}") from e
     if r.status_code != 200:
@@ -198,19 +198,19 @@ class Sampler:
         self._thread: threading.Thread | None = None
 
     def _run(self) -> None:
-        with httpx.Client(timeout=5.0, headers=self.headers) as client:
-            while not self._stop.is_set():
-                try:
-                    text = client.get(self.url).text
-                    t = time.time()
-                    keep = "\n".join(line for line in text.splitlines() if line.startswith(self.names)) + "\n"
-                    snap = parse(keep, t=t)
-                    row = {"t": t}
-                    row.update({n: snap.value(n) for n in self.names})
-                    self.rows.append(row)
-                except Exception as e:  # noqa: BLE001 - a failed sample is recorded once, sampling goes on
-                    self.error = self.error or f"{type(e).__name__}: {e}"
-                self._stop.wait(self.interval)
+        client = http()
+        while not self._stop.is_set():
+            try:
+                text = client.get(self.url, headers=self.headers, timeout=5.0).text
+                t = time.time()
+                keep = "\n".join(line for line in text.splitlines() if line.startswith(self.names)) + "\n"
+                snap = parse(keep, t=t)
+                row = {"t": t}
+                row.update({n: snap.value(n) for n in self.names})
+                self.rows.append(row)
+            except Exception as e:  # noqa: BLE001 - a failed sample is recorded once, sampling goes on
+                self.error = self.error or f"{type(e).__name__}: {e}"
+            self._stop.wait(self.interval)
 
     def start(self) -> "Sampler":
         self._thread = threading.Thread(target=self._run, name="metrics-sampler", daemon=True)

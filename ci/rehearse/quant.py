@@ -146,11 +146,16 @@ def _arg(argv: list[str], name: str, default: str | None = None) -> str | None:
     return argv[argv.index(name) + 1] if name in argv else default
 
 
+_CLIENT = None
+
+
 def _loglikelihood(base_url: str, model: str, context: str, continuation: str, key: str | None) -> float:
+    global _CLIENT
     import httpx
 
+    _CLIENT = _CLIENT or httpx.Client()  # one client: httpx.post builds a TLS context per call (~23 ms of CPU)
     headers = {"Authorization": f"Bearer {key}"} if key else {}
-    r = httpx.post(base_url, json={"model": model, "prompt": context + continuation, "max_tokens": 1, "echo": True,
+    r = _CLIENT.post(base_url, json={"model": model, "prompt": context + continuation, "max_tokens": 1, "echo": True,
                                    "logprobs": 1, "temperature": 0}, headers=headers, timeout=600)
     r.raise_for_status()
     lp = r.json()["choices"][0]["logprobs"]

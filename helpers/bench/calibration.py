@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import procs
-from ..endpoint import Listener
+from ..endpoint import Listener, http
 
 __all__ = ["CalibrationConfig", "CalibrationServer", "serve", "supervise", "build_app"]
 
@@ -639,7 +639,7 @@ class CalibrationServer(Listener):
             if self.proc is None or _READY not in self.proc.log_text():  # every process listens
                 return False
             try:
-                return httpx.get(f"{self.url}/health", timeout=1.0).status_code == 200
+                return http().get(f"{self.url}/health", timeout=1.0).status_code == 200
             except httpx.HTTPError:
                 return False
 
@@ -670,14 +670,10 @@ class CalibrationServer(Listener):
 
     def stats(self) -> dict[str, Any]:
         """The server's truth: its configuration and one record per request it handled."""
-        import httpx
-
-        return httpx.get(f"{self.url}/calibration/stats", timeout=30).json()
+        return http().get(f"{self.url}/calibration/stats", timeout=30).json()
 
     def reset(self) -> None:
-        import httpx
-
-        httpx.post(f"{self.url}/calibration/reset", timeout=30)
+        http().post(f"{self.url}/calibration/reset", timeout=30)
 
     def __enter__(self) -> "CalibrationServer":
         return self.start()

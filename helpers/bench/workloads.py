@@ -120,12 +120,38 @@ class TokenCounter:
     def content(self, text: str) -> int:
         return len(self.tok.encode(text, add_special_tokens=False))
 
+    def _lengths(self) -> np.ndarray:
+        """Tokens of each word after a space, encoded once in one batch."""
+        if not hasattr(self, "_word_tokens"):
+            ids = self.tok([" " + w for w in self.words], add_special_tokens=False)["input_ids"]
+            self._word_tokens = np.array([len(x) for x in ids])
+        return self._word_tokens
+
     def _singles(self) -> np.ndarray | None:
         """The words that are one token after a space (``None`` if there are none), found once."""
         if not hasattr(self, "_single_words"):
-            ones = [w for w in self.words[:4000] if len(self.tok.encode(" " + w, add_special_tokens=False)) == 1]
-            self._single_words = np.array(ones) if ones else None
+            ones = self.words[self._lengths() == 1]
+            self._single_words = ones if len(ones) else None
         return self._single_words
+
+    def _count_once(self, text: str, count: Any) -> int:
+        """``count(text)``, remembered for the last few leads (a shared prefix is the lead of every request)."""
+        memo = self.__dict__.setdefault("_lead_counts", {})
+        key = (text, count)
+        if key not in memo:
+            if len(memo) > 64:
+                memo.clear()
+            memo[key] = count(text)
+        return memo[key]
+
+    def memo_ids(self, text: str) -> list[int]:
+        """:meth:`ids` of ``text``, remembered for the last few texts (a shared prefix, checked in every request)."""
+        memo = self.__dict__.setdefault("_memo_ids", {})
+        if text not in memo:
+            if len(memo) > 64:
+                memo.clear()
+            memo[text] = self.ids(text)
+        return memo[text]
 
     def completion(self, text: str) -> int:
         return len(self.tok.encode(text, add_special_tokens=True))
@@ -148,7 +174,20 @@ class TokenCounter:
         count = count or self.content
         if n <= 0:
             raise ValueError(f"a prompt needs at least 1 token, got {n}")
-        words = list(rng.choice(self.words, size=n))
+        # A first draft from each word's own token count (byte-level BPE and SentencePiece do not merge across the
+        # space before a word, so counts add up): one encode usually confirms it, where re-encoding the growing
+        # text took several (most of a rehearsal's client CPU, measured with py-spy).
+        idx = rng.integers(0, len(self.words), size=n)
+        lengths = self._lengths()[idx].copy()
+        if not lead or lead[-1] in " \n":  # the first word follows no space of its own
+            lengths[0] = len(self.tok.encode(str(self.words[idx[0]]), add_special_tokens=False))
+        room = n - self._count_once(lead, count)
+        keep = int(np.searchsorted(np.cumsum(lengths), room, side="right"))
+        words = list(self.words[idx[:keep]])
+        short = room - int(lengths[:keep].sum())
+        singles = self._singles()
+        if short > 0 and singles is not None:
+            words += list(rng.choice(singles, size=short))
         for _ in range(400):
             text = lead + " ".join(words)
             c = count(text)
@@ -353,7 +392,7 @@ class SharedPrefix(WorkloadSpec):
         if self.endpoint == "completions":
             total_len = self.prefix_len + self.suffix_len
             text = tc.text(total_len, rng, prefix + "\n", count=tc.completion)
-            p_ids = tc.ids(prefix)
+            p_ids = tc.memo_ids(prefix)
             shared = tc.ids(text)[:len(p_ids)] == p_ids
             return Request(id=rid, prompt=text, expected_input_tokens=total_len, max_output_tokens=self.output_len,
                            min_output_tokens=self.output_len, warmup=warmup,

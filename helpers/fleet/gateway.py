@@ -40,7 +40,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import httpx
 
 from .. import procs, settings
-from ..endpoint import Endpoint, Listener
+from ..endpoint import Endpoint, Listener, http
 from .router import _root
 
 __all__ = ["Gateway", "Route", "RateLimit", "Keys", "GatewayRecord", "nginx_config", "nginx_executable",
@@ -351,7 +351,7 @@ class Gateway(Listener):
 
     def _ready(self) -> bool:
         try:
-            return httpx.get(f"{self.url}/", timeout=2).status_code in (401, 404)
+            return http().get(f"{self.url}/", timeout=2).status_code in (401, 404)
         except httpx.HTTPError:
             return False
 

@@ -25,6 +25,7 @@ from typing import Any
 import httpx
 
 from .. import procs, settings
+from ..endpoint import http
 from .observability import PrometheusFiles, query_range_frame
 
 __all__ = ["Prometheus", "prometheus_executable"]
@@ -74,12 +75,12 @@ class Prometheus:
 
     def _ready(self) -> bool:
         try:
-            return httpx.get(f"{self.url}/-/ready", timeout=2).status_code == 200
+            return http().get(f"{self.url}/-/ready", timeout=2).status_code == 200
         except httpx.HTTPError:
             return False
 
     def _api(self, path: str, **params: Any) -> Any:
-        r = httpx.get(f"{self.url}/api/v1/{path}", params=params, timeout=30)
+        r = http().get(f"{self.url}/api/v1/{path}", params=params, timeout=30)
         body = r.json()
         if r.status_code != 200 or body.get("status") != "success":
             raise RuntimeError(f"Prometheus {path} {params}: HTTP {r.status_code} {body.get('error', r.text[:200])}")

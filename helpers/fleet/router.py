@@ -29,7 +29,7 @@ from typing import Any, Sequence
 import httpx
 
 from .. import metrics, procs
-from ..endpoint import Endpoint, Listener
+from ..endpoint import Endpoint, Listener, http
 
 __all__ = ["Router", "router_executable", "POLICIES"]
 
@@ -118,14 +118,14 @@ class Router(Listener):
 
     def _ready(self) -> bool:
         try:
-            return httpx.get(f"{self.url}/health", timeout=2).status_code == 200
+            return http().get(f"{self.url}/health", timeout=2).status_code == 200
         except httpx.HTTPError:
             return False
 
     def add_worker(self, worker: Any) -> str:
         """Add a worker while the router runs (``POST /add_worker?url=``); returns the router's answer."""
         url = _root(worker)
-        r = httpx.post(f"{self.url}/add_worker", params={"url": url}, timeout=60)
+        r = http().post(f"{self.url}/add_worker", params={"url": url}, timeout=60)
         if r.status_code != 200:
             raise RuntimeError(f"vllm-router refused to add {url}: HTTP {r.status_code} {r.text[:200]}")
         self.workers.append(url)
@@ -134,7 +134,7 @@ class Router(Listener):
     def remove_worker(self, worker: Any) -> str:
         """Remove a worker (``POST /remove_worker?url=``); requests already sent to it finish there."""
         url = _root(worker)
-        r = httpx.post(f"{self.url}/remove_worker", params={"url": url}, timeout=60)
+        r = http().post(f"{self.url}/remove_worker", params={"url": url}, timeout=60)
         if r.status_code != 200:
             raise RuntimeError(f"vllm-router refused to remove {url}: HTTP {r.status_code} {r.text[:200]}")
         self.workers = [w for w in self.workers if w != url]
@@ -142,11 +142,11 @@ class Router(Listener):
 
     def list_workers(self) -> list[str]:
         """The workers the router routes to now (``GET /list_workers``)."""
-        return list(httpx.get(f"{self.url}/list_workers", timeout=10).json().get("urls", []))
+        return list(http().get(f"{self.url}/list_workers", timeout=10).json().get("urls", []))
 
     def metrics(self) -> metrics.Snapshot:
         """The router's own Prometheus metrics (requests per worker, policy decisions, prefix-routing outcomes)."""
-        r = httpx.get(self.metrics_url, timeout=10)
+        r = http().get(self.metrics_url, timeout=10)
         r.raise_for_status()
         return metrics.parse(r.text)
 

@@ -17,13 +17,12 @@ import time
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-import httpx
 import psutil
 
 from .. import metrics as _metrics
 from .. import models as _models
 from .. import procs, settings, support
-from ..endpoint import Endpoint, Listener
+from ..endpoint import Endpoint, Listener, http
 from ..progress import Bar as ProgressBar
 from ..runtime import Profile, detect, resolve_engine_args
 from .args import check_engine_args, engine_cli, normalize
@@ -481,7 +480,7 @@ class Server(Listener):
         self.weights_path = str(local)  # from here on the server may not be what its key says, whatever happens next
         for route, body in (("collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": str(local)}}),
                             ("reset_prefix_cache", None)):
-            r = httpx.post(f"{self.url}/{route}", json=body, timeout=timeout)
+            r = http().post(f"{self.url}/{route}", json=body, timeout=timeout)
             if r.status_code != 200:
                 raise ServerError(f"swap_weights: POST /{route} answered {r.status_code}: {r.text[:300]}\n"
                                   f"{self.log_tail()}")

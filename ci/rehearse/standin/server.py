@@ -237,7 +237,7 @@ def _fake_format(folder: Path) -> str | None:
 
 # ------------------------------------------------------------------------------------------------ start-up
 def _fail(log: Log, message: str, citation: str, who: str = "EngineCore") -> None:
-    log("ERROR", "core.py:1510", f"EngineCore failed to start.", who=who)
+    log("ERROR", "core.py:1510", "EngineCore failed to start.", who=who)
     log("ERROR", "core.py:1510", f"ValueError: {message}", who=who)
     print(f"ValueError: {message}\n(stand-in: refused as vLLM 0.32 refuses it: {citation})", flush=True)
     raise SystemExit(1)
