@@ -209,3 +209,98 @@ def test_the_keys_are_not_in_argv_logs_or_state_and_leave_with_the_gateway(repli
     assert secret not in access.read_text()
     assert not workdir.exists()
     assert not any(secret in p.read_text(errors="replace") for p in settings.log_dir().glob("gateway*") if p.is_file())
+
+
+# ------------------------------------------------------------------------------ no side door (raw requests)
+def _raw(gw, target, key=None, method="GET"):
+    """The status line's code for a request sent byte for byte (no client normalizes the path on the way)."""
+    import socket
+
+    head = f"{method} {target} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n"
+    head += f"Authorization: Bearer {key}\r\n" if key else ""
+    with socket.create_connection(("127.0.0.1", gw.port), timeout=5) as s:
+        s.sendall((head + "Content-Length: 0\r\n\r\n").encode())
+        data = b""
+        while chunk := s.recv(65536):
+            data += chunk
+    status, _, rest = data.partition(b"\r\n")
+    return int(status.split()[1]), rest
+
+
+def _curl(gw, path, key):
+    import subprocess
+
+    out = subprocess.run(["curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", "--path-as-is", "-K", "-",
+                          f"{gw.url}{path}"], input=f'header = "Authorization: Bearer {key}"\n',  # key not in argv
+                         capture_output=True, text=True, timeout=30)
+    return int(out.stdout)
+
+
+@pytest.mark.parametrize("target", [
+    "/metrics/../v1/models", "/v1/models/../../metrics", "/v1/./models", "//v1/models", "/v1/%6Dodels",
+    "/v1/models%2F..%2F..%2Fmetrics", "/v1/models?x=1", "/V1/models", "/v1/models/", "/tokenize/../v1/completions",
+])
+def test_only_the_exact_raw_paths_pass(replicas, keys, target):
+    urls, _ = replicas
+    with gateway.Gateway(gateway.Route(urls[:1]), keys) as gw:
+        key = keys.key("alice")
+        status, body = _raw(gw, target, key)
+        assert status == 404 and b'"port"' not in body, (target, status, body[-200:])   # no replica answered
+        assert _curl(gw, target, key) == 404
+        assert _raw(gw, "/v1/models", key)[0] == 200 and _curl(gw, "/v1/models", key) == 200
+        r = httpx.get(f"{gw.base_url}/models", headers={**gw.endpoint("alice").headers, "X-Bench-Request-Id": "z"})
+        assert r.status_code == 200 and "x-upstream" not in r.headers          # no replica's address
+        assert "nginx/" not in r.headers.get("server", "")                       # nor nginx's version
+        logged = {x.uri for x in gw.log(wait_for=["z"])}
+        assert target in logged                                              # logged as it was sent
+
+
+def test_keys_are_compared_exactly_whatever_their_length_or_the_names(replicas):
+    urls, _ = replicas
+    long_key = "Ab.+/=~-_" * 28                                             # 252 characters, regex characters in it
+    keys = gateway.Keys({"default": long_key, "hostnames": "k" * 16 + "X" * 8, "include": "A" * 40})
+    with gateway.Gateway(gateway.Route(urls[:1]), keys, {"default": gateway.RateLimit(100, 10)}) as gw:
+        for name in keys.names:
+            assert _raw(gw, "/v1/models", keys.key(name))[0] == 200, name
+        for wrong in (long_key.upper(), long_key.lower(), long_key[:-1], long_key + "x", "A" * 39, "a" * 40,
+                      "Ab.+/=~-_" * 27 + "Ab.+/=~-x", "k" * 16 + "x" * 8):
+            assert _raw(gw, "/v1/models", wrong)[0] == 401, wrong[:20]
+
+
+def test_a_flood_of_unknown_keys_is_refused_before_it_counts(replicas, keys):
+    urls, _ = replicas
+    with gateway.Gateway(gateway.Route(urls[:1]), keys) as gw:
+        codes = [_raw(gw, "/v1/models", f"guess-{i:012d}")[0] for i in range(3 * gateway.UNKNOWN_KEY_BURST)]
+        assert codes[:gateway.UNKNOWN_KEY_BURST] == [401] * gateway.UNKNOWN_KEY_BURST
+        assert codes.count(429) >= gateway.UNKNOWN_KEY_BURST                 # sent far faster than 5 a second
+        assert _raw(gw, "/v1/models", keys.key("alice"))[0] == 200          # a known key is not in that bucket
+
+
+def test_a_keys_requests_in_flight_are_capped(replicas, keys):
+    urls, _ = replicas
+    limit = gateway.RateLimit(per_second=1000, burst=1000, connections=2)
+    with gateway.Gateway(gateway.Route(urls[:1]), keys, {"alice": limit}) as gw:
+        codes, _ = _load(gw, 16)                        # 8 at once, each 20 ms at the replica
+        assert codes.count(429) > 0 and codes.count(200) >= 2, codes
+    with pytest.raises(ValueError, match="in flight"):
+        gateway.RateLimit(1, connections=0)
+
+
+def test_a_reload_nginx_cannot_apply_fails_loudly(replicas, keys):
+    import socket
+
+    urls, _ = replicas
+    with gateway.Gateway(gateway.Route(urls[:1], urls[1:], canary_percent=50), keys) as gw, \
+            socket.socket() as taken:
+        gw.set_route(gateway.Route(urls[:1]))           # applied: a new worker serves it
+        assert gw.route.canary == ()
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port, gw.port = gw.port, taken.getsockname()[1]  # nginx -t passes; the reload cannot bind
+        try:
+            with pytest.raises(RuntimeError, match="did not apply"):
+                gw.set_route(gateway.Route(urls[1:]), timeout=3)
+        finally:
+            gw.port = port
+        assert gw.route.baseline == (urls[0],)          # the route it reports is the one still served
+        assert _raw(gw, "/v1/models", keys.key("alice"))[0] == 200

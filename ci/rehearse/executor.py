@@ -15,6 +15,7 @@ import contextlib
 import io
 import json
 import os
+import resource
 import signal
 import sys
 import time
@@ -38,6 +39,7 @@ class LabResult:
     lab: str
     status: str = "ok"
     seconds: float = 0.0
+    cpu_s: float = 0.0             # CPU of this process and of the processes the lab started and stopped
     cells: list[CellResult] = field(default_factory=list)
     failed_cell: int | None = None
     traceback: str = ""
@@ -65,7 +67,7 @@ def run_lab(path: Path, log_path: Path, cell_timeout: float = 600.0) -> LabResul
     shell.reset(new_session=False)
     shell.user_ns["__name__"] = "__main__"
     result = LabResult(lab=path.name)
-    t_lab = time.perf_counter()
+    t_lab, cpu0 = time.perf_counter(), _cpu()
     os.chdir(path.parent)
     with open(log_path, "w") as log:
         for i, cell in enumerate(nb["cells"]):
@@ -103,9 +105,14 @@ def run_lab(path: Path, log_path: Path, cell_timeout: float = 600.0) -> LabResul
             result.cells.append(CellResult(i, tags, dt, "failed", f"{type(err).__name__}: {err}"[:500]))
             result.status, result.failed_cell, result.traceback = "failed", i, tb[-6000:]
             break
-    result.seconds = time.perf_counter() - t_lab
     _stop_everything()
+    result.seconds, result.cpu_s = time.perf_counter() - t_lab, _cpu() - cpu0
     return result
+
+
+def _cpu() -> float:
+    own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
 
 
 def _stop_everything() -> None:
@@ -137,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
         mark = {"ok": "ok", "failed": "FAILED"}[r.status]
         extra = f" ({len(r.not_judged)} check cell(s) not judged)" if r.not_judged else ""
         where = f" at cell {r.failed_cell}: {r.cells[-1].error[:300]}" if r.status == "failed" else ""
-        print(f"   {p.name}: {mark} in {r.seconds:.1f} s{extra}{where}", flush=True)
+        print(f"   {p.name}: {mark} in {r.seconds:.1f} s ({r.cpu_s:.1f} s CPU){extra}{where}", flush=True)
         failed += r.status != "ok"
     return 1 if failed else 0
 

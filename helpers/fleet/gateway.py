@@ -1,9 +1,10 @@
 """An nginx gateway in front of a deployment's replicas: API keys, a per-key rate limit, a weighted canary, rollback.
 
 vLLM's own ``--api-key`` guards only ``/v1``: ``/metrics``, ``/tokenize`` and ``/invocations`` stay open to anyone who
-reaches the port. The gateway is the only door: it answers 401 to a missing or unknown key, 404 to every path but the
-three the OpenAI API needs, 429 to a key over its rate, and sends each admitted request to the baseline replicas or,
-for a stated share, to a canary. Rolling back is a reload: nginx's old worker finishes what it holds while the new one
+reaches the port. The gateway is the only door: it answers 401 to a missing or unknown key (429 to a flood of them),
+404 to every request line but the three paths the OpenAI API needs, exactly as sent (no dot segments, no encoding),
+429 to a key over its rate or its requests in flight, and sends each admitted request to the baseline replicas or,
+for a stated share, to a canary; responses say nothing of the replica that answered. Rolling back is a reload: nginx's old worker finishes what it holds while the new one
 takes every new request, so nothing in flight is lost (clients get one request per connection, so no request
 can be sent on a connection the old worker is closing)::
 
@@ -108,17 +109,22 @@ class Route:
 @dataclass(frozen=True)
 class RateLimit:
     """nginx ``limit_req`` for one API key: ``per_second`` requests a second, ``burst`` more admitted at once
-    (``nodelay``); the rest are answered 429 at the gateway.
+    (``nodelay``); the rest are answered 429 at the gateway. ``connections`` (nginx ``limit_conn``): at most that many
+    of the key's requests in flight at once, the rest 429 too (a rate alone lets a key hold every slot with long
+    requests).
 
     Introduced in lab 24 (Putting It All Together).
     """
 
     per_second: int
     burst: int = 0
+    connections: int | None = None
 
     def __post_init__(self) -> None:
         if int(self.per_second) < 1 or int(self.burst) < 0:
             raise ValueError(f"a rate limit needs per_second >= 1 and burst >= 0, got {self}")
+        if self.connections is not None and int(self.connections) < 1:
+            raise ValueError(f"connections is the most requests in flight at once (1 or more, or None), got {self}")
 
 
 def admitted(limit: RateLimit, sent: int, span_s: float) -> int:
@@ -169,25 +175,44 @@ class Keys:
         return f"Keys({', '.join(self._keys)})"
 
 
+#: Requests a second the gateway answers with 401 from all clients together (and ``UNKNOWN_KEY_BURST`` more at once);
+#: past that, 429: guessing keys costs a flood of requests, and a flood is refused before it reaches anything.
+UNKNOWN_KEY_RATE, UNKNOWN_KEY_BURST = 5, 20
+
+
+def _exact(text: str) -> str:
+    """An nginx ``map`` source matching ``text`` exactly, case included: a PCRE regex (``map``'s plain strings are
+    compared case-insensitively, and a few words, ``default`` among them, are its keywords)."""
+    return '"~^' + re.sub(r"([.+^$*?()\[\]{}|\\])", r"\\\1", text) + '$"'
+
+
 def nginx_config(route: Route, keys: Keys, *, port: int, workdir: str | Path, access_log: str | Path,
                  limits: Mapping[str, RateLimit] | None = None, host: str = "127.0.0.1", run_as: str | None = None
                  ) -> str:
     """The nginx configuration of the gateway (pure: the same inputs give the same text). It holds the keys, so it
     is written only to the gateway's private folder.
 
+    Only :data:`OPEN_PATHS` pass, compared with the request line's raw URI (nginx matches ``location`` on the
+    normalized path but, with ``proxy_pass`` naming no URI, sends the raw one on: ``/metrics/../v1/models`` would
+    pass a check on ``/v1/models`` and reach vLLM's ``/metrics`` mount); the log records the raw URI. Keys are
+    matched exactly (case included), unknown keys are answered 401 at :data:`UNKNOWN_KEY_RATE` a second at most.
+
     Introduced in lab 24 (Putting It All Together).
     """
     w = Path(workdir)
     servers = "\n".join(f"        server {_hostport(u)} weight={x};" for u, x in route.weights().items())
-    keymap = "\n".join(f'        "Bearer {k}" "{n}";' for n, k in keys.items())
+    keymap = "\n".join(f'        {_exact("Bearer " + k)} "{n}";' for n, k in keys.items())
     paths = "|".join(re.escape(p[len("/v1/"):]) for p in OPEN_PATHS)
+    limits = dict(limits or {})
     # one zone per limited engineer: its key variable is the name for that engineer and empty (not counted) for others
-    limit_zone = "".join(f'    map $engineer $limit_{i} {{ default ""; "{n}" "{n}"; }}\n'
+    limit_zone = "".join(f'    map $engineer $limit_{i} {{ default ""; {_exact(n)} "{n}"; }}\n'
                          f"    limit_req_zone $limit_{i} zone=limit_{i}:1m rate={int(r.per_second)}r/s;\n"
-                         for i, (n, r) in enumerate((limits or {}).items()))
+                         + (f"    limit_conn_zone $limit_{i} zone=conn_{i}:1m;\n" if r.connections else "")
+                         for i, (n, r) in enumerate(limits.items()))
     limit = "".join(f"            limit_req zone=limit_{i}{f' burst={int(r.burst)} nodelay' if r.burst else ''};\n"
-                    for i, r in enumerate((limits or {}).values()))  # nginx refuses burst=0: no burst is none
-    limit += "            limit_req_status 429;\n" if limits else ""
+                    + (f"            limit_conn conn_{i} {int(r.connections)};\n" if r.connections else "")
+                    for i, r in enumerate(limits.values()))  # nginx refuses burst=0: no burst is none
+    limit += "            limit_req_status 429;\n            limit_conn_status 429;\n" if limits else ""
     return f"""# The gateway of helpers.fleet.gateway (written by the lab; holds API keys: private to this folder)
 {f"user {run_as};" if run_as else ""}
 worker_processes 1;
@@ -204,12 +229,14 @@ http {{
     client_body_buffer_size 1m;
     client_max_body_size 1m;
     default_type application/json;
+    server_tokens off;
     map $http_authorization $engineer {{
         default "";
 {keymap}
     }}
+    limit_req_zone $binary_remote_addr zone=unknown_key:1m rate={UNKNOWN_KEY_RATE}r/s;
 {limit_zone}    log_format gateway escape=json '{{"t":$msec,"rt":$request_time,"status":$status,"engineer":"$engineer",'
-                                   '"upstream":"$upstream_addr","uri":"$uri","id":"$http_x_bench_request_id"}}';
+                                   '"upstream":"$upstream_addr","uri":"$request_uri","id":"$http_x_bench_request_id"}}';
     upstream replicas {{
 {servers}
         keepalive 32;
@@ -220,7 +247,11 @@ http {{
         # request a client sends on one at that instant is lost (measured: 1 in ~600 with keep-alive)
         keepalive_timeout 0;
         access_log {access_log} gateway;
-        if ($engineer = "") {{ return 401 '{{"error": "missing or unknown API key"}}\\n'; }}
+        error_page 401 @unauthorized;
+        error_page 404 @not_served;
+        error_page 429 @too_many;
+        if ($engineer = "") {{ rewrite ^ /.unknown-key last; }}
+        if ($request_uri !~ "^/v1/({paths})$") {{ return 404; }}
         location ~ ^/v1/({paths})$ {{
 {limit}            proxy_pass http://replicas;
             proxy_http_version 1.1;
@@ -230,9 +261,19 @@ http {{
             proxy_max_temp_file_size 0;
             proxy_read_timeout 600s;
             proxy_send_timeout 600s;
-            add_header X-Upstream $upstream_addr always;
         }}
-        location / {{ return 404 '{{"error": "not served by the gateway"}}\\n'; }}
+        # unknown keys: counted (preaccess) before they are refused (access), so a flood of guesses gets 429s
+        location = /.unknown-key {{
+            internal;
+            limit_req zone=unknown_key burst={UNKNOWN_KEY_BURST} nodelay;
+            limit_req_status 429;
+            deny all;
+            error_page 403 =401 @unauthorized;
+        }}
+        location @unauthorized {{ return 401 '{{"error": "missing or unknown API key"}}\\n'; }}
+        location @not_served {{ return 404 '{{"error": "not served by the gateway"}}\\n'; }}
+        location @too_many {{ return 429 '{{"error": "too many requests: slow down"}}\\n'; }}
+        location / {{ return 404; }}
     }}
 }}
 """
@@ -351,7 +392,7 @@ class Gateway(Listener):
 
     def _ready(self) -> bool:
         try:
-            return http().get(f"{self.url}/", timeout=2).status_code in (401, 404)
+            return http().get(f"{self.url}/", timeout=2).status_code in (401, 404, 429)
         except httpx.HTTPError:
             return False
 
@@ -359,16 +400,33 @@ class Gateway(Listener):
         p = self.workdir / "error.log" if self.workdir else None
         return p.read_text()[-600:] if p and p.exists() else ""
 
-    def set_route(self, route: Route) -> float:
+    def _workers(self) -> set[int]:
+        import psutil
+
+        try:
+            return {c.pid for c in psutil.Process(int(self.proc.pid)).children()} if self.proc else set()
+        except psutil.Error:
+            return set()
+
+    def set_route(self, route: Route, timeout: float = 10.0) -> float:
         """Send new traffic by ``route`` (a canary's share changed, or rolled back): the config is rewritten, checked
         by ``nginx -t`` and loaded with SIGHUP; requests in flight finish where they are. Returns the epoch second of
-        the signal."""
+        the signal, once nginx has started a worker on the new configuration: a reload nginx could not apply leaves
+        the old workers serving the old route, and that raises here with nginx's error rather than passing as done.
+        """
         if self.proc is None or not self.proc.running:
             raise RuntimeError("the gateway is not running: start it first")
         self._write(route)
-        self.route = route
+        before = self._workers()
         t = time.time()
         os.kill(int(self.proc.pid), signal.SIGHUP)
+        deadline = time.monotonic() + timeout
+        while not self._workers() - before:
+            if time.monotonic() > deadline or not self.proc.running:
+                raise RuntimeError(f"nginx did not apply the new route within {timeout:g} s (its workers still serve "
+                                   f"the old one: {self.route.weights()}): {self._error_tail()[-400:]}")
+            time.sleep(0.02)
+        self.route = route
         return t
 
     def log(self, wait_for: Iterable[str] = (), timeout: float = 10.0) -> list[GatewayRecord]:
