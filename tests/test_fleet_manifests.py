@@ -74,10 +74,10 @@ def test_profile_to_resources(name):
 def test_every_profiles_manifests_validate():
     objs = [o for name in runtime.PROFILES for o in m.objects(m.spec_from_profile(name, f"f-{name}"), api_key="k")]
     results = v.validate_objects(objs)
-    assert len(results) == len(objs) == 14 * len(runtime.PROFILES)
+    assert len(results) == len(objs) == 15 * len(runtime.PROFILES)
     bad = [str(r) for r in results if not r.ok]
     assert not bad, "\n".join(bad)
-    assert {r.kind for r in results} >= {"Deployment", "Service", "Secret", "InferencePool", "HTTPRoute",
+    assert {r.kind for r in results} >= {"Deployment", "Service", "Secret", "InferencePool", "HTTPRoute", "NetworkPolicy",
                                          "ScaledObject", "PodMonitor", "PrometheusRule"}
 
 
@@ -142,6 +142,17 @@ def test_pool_route_picker_and_autoscaler_point_at_each_other():
     route = objs[("HTTPRoute", "chat")]
     assert route["spec"]["rules"][0]["backendRefs"] == [
         {"group": "inference.networking.k8s.io", "kind": "InferencePool", "name": "chat"}]
+    # the OpenAI paths exactly: vLLM's /metrics, /tokenize and /invocations take no key
+    assert route["spec"]["rules"][0]["matches"] == [{"path": {"type": "Exact", "value": p}}
+                                                    for p in ("/v1/models", "/v1/completions", "/v1/chat/completions")]
+    # vLLM's port open to the gateway's proxies, the endpoint picker and Prometheus's namespace, nothing else
+    policy = objs[("NetworkPolicy", "chat-ingress")]["spec"]
+    assert policy["podSelector"]["matchLabels"].items() <= dep["spec"]["template"]["metadata"]["labels"].items()
+    assert policy["policyTypes"] == ["Ingress"] and len(policy["ingress"]) == 1
+    rule = policy["ingress"][0]
+    assert rule["ports"] == [{"protocol": "TCP", "port": SPEC.port}]
+    assert rule["from"][1]["podSelector"]["matchLabels"].items() <= epp["spec"]["template"]["metadata"]["labels"].items()
+    assert rule["from"][2] == {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
     plugins = yaml.safe_load(objs[("ConfigMap", ref["name"])]["data"]["plugins.yaml"])
     assert "prefix-cache-scorer" in {p["type"] for p in plugins["plugins"]}
     so = objs[("ScaledObject", "chat")]

@@ -79,6 +79,8 @@ class FleetSpec:
     container's requests (memory is also its limit). ``queue_threshold`` is waiting requests per replica that
     scale the fleet out. ``hf_cache_claim`` names a PersistentVolumeClaim holding the Hugging Face cache (else an
     emptyDir of ``hf_cache_size``: every new replica then downloads the weights again, which lengthens scale-out).
+    ``gateway_namespace`` is where the Gateway's proxy pods run (default: the fleet's namespace): with the endpoint
+    picker and Prometheus, the only clients the NetworkPolicy lets reach vLLM's port.
 
     Introduced in lab 22 (Routing and Autoscaling).
     """
@@ -105,6 +107,7 @@ class FleetSpec:
     tpot_p99_ms: float = 50.0
     queue_threshold: int = 4
     gateway: str = "inference-gateway"
+    gateway_namespace: str | None = None
     prometheus_url: str = "http://prometheus-operated.monitoring.svc:9090"
     scrape_interval: str = "5s"
     api_key_secret: str | None = None
@@ -115,6 +118,9 @@ class FleetSpec:
                              "at most 40 characters (objects named after it get suffixes)")
         if not _NAME.match(self.namespace) or len(self.namespace) > 63:
             raise ValueError(f"namespace {self.namespace!r} is not a valid Kubernetes namespace name")
+        if self.gateway_namespace is not None and (not _NAME.match(self.gateway_namespace)
+                                                   or len(self.gateway_namespace) > 63):
+            raise ValueError(f"gateway_namespace {self.gateway_namespace!r} is not a valid Kubernetes namespace name")
         if not (1 <= self.min_replicas <= self.max_replicas):
             raise ValueError(f"replicas min={self.min_replicas} max={self.max_replicas}: need 1 <= min <= max")
         if self.gpus_per_replica < 0 or self.gpus_per_node < 1:
@@ -444,17 +450,42 @@ def inference_pool(spec: FleetSpec) -> dict:
 
 
 def http_route(spec: FleetSpec) -> dict:
-    """An ``HTTPRoute`` from the gateway to the pool (``backendRefs`` of kind ``InferencePool``).
+    """An ``HTTPRoute`` from the gateway to the pool (``backendRefs`` of kind ``InferencePool``) for the OpenAI API's
+    three paths exactly (:data:`helpers.fleet.gateway.OPEN_PATHS`): vLLM answers ``/metrics``, ``/tokenize`` and
+    ``/invocations`` (inference) without its key, so a prefix route would open them to the gateway's clients.
 
     Introduced in lab 22 (Routing and Autoscaling).
     """
+    from .gateway import OPEN_PATHS
+
     return {"apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute",
             "metadata": _meta(spec, spec.name, "route"),
             "spec": {"parentRefs": [{"group": "gateway.networking.k8s.io", "kind": "Gateway", "name": spec.gateway}],
-                     "rules": [{"matches": [{"path": {"type": "PathPrefix", "value": "/"}}],
+                     "rules": [{"matches": [{"path": {"type": "Exact", "value": p}} for p in OPEN_PATHS],
                                 "backendRefs": [{"group": "inference.networking.k8s.io", "kind": "InferencePool",
                                                  "name": spec.name}],
                                 "timeouts": {"request": "300s"}}]}}
+
+
+def network_policy(spec: FleetSpec) -> dict:
+    """A ``NetworkPolicy``: vLLM's port takes connections from the Gateway's proxies (pods labelled with its name,
+    in ``gateway_namespace``), the endpoint picker and Prometheus's namespace only. The pods listen on ``0.0.0.0``
+    and vLLM's key guards only ``/v1``: without it any pod in the cluster reaches ``/invocations`` unauthenticated.
+
+    Introduced in lab 22 (Routing and Autoscaling).
+    """
+    ns = lambda name: {"matchLabels": {"kubernetes.io/metadata.name": name}}  # noqa: E731
+    monitoring = re.sub(r"^https?://", "", spec.prometheus_url).split(":")[0].split("/")[0].split(".")
+    sources = [{"namespaceSelector": ns(spec.gateway_namespace or spec.namespace),
+                "podSelector": {"matchLabels": {"gateway.networking.k8s.io/gateway-name": spec.gateway}}},
+               {"podSelector": {"matchLabels": {"app.kubernetes.io/name": "epp",
+                                                "app.kubernetes.io/instance": spec.name}}}]
+    if len(monitoring) > 1:  # prometheus-operated.monitoring.svc: the namespace is the second label
+        sources.append({"namespaceSelector": ns(monitoring[1])})
+    return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+            "metadata": _meta(spec, f"{spec.name}-ingress", "network-policy"),
+            "spec": {"podSelector": {"matchLabels": dict(spec.labels)}, "policyTypes": ["Ingress"],
+                     "ingress": [{"from": sources, "ports": [{"protocol": "TCP", "port": spec.port}]}]}}
 
 
 def scaled_object(spec: FleetSpec) -> dict:
@@ -503,8 +534,8 @@ def objects(spec: FleetSpec, api_key: str | None = None) -> list[dict]:
     Introduced in lab 22 (Routing and Autoscaling).
     """
     out = [api_key_secret(spec, api_key)] if api_key is not None else []
-    return out + [deployment(spec), service(spec), *epp_objects(spec), inference_pool(spec), http_route(spec),
-                  scaled_object(spec), pod_monitor(spec), prometheus_rule(spec)]
+    return out + [deployment(spec), service(spec), network_policy(spec), *epp_objects(spec), inference_pool(spec),
+                  http_route(spec), scaled_object(spec), pod_monitor(spec), prometheus_rule(spec)]
 
 
 def write(spec: FleetSpec, folder: str | Path, api_key: str | None = None) -> list[Path]:
