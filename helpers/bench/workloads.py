@@ -106,12 +106,18 @@ class TokenCounter:
     def __init__(self, tokenizer: Any, name: str = ""):
         self.tok = tokenizer
         self.name = name or getattr(tokenizer, "name_or_path", "") or ""
-        pieces = tokenizer.batch_decode([[i] for i in range(len(tokenizer))])
         special = set(getattr(tokenizer, "all_special_ids", []) or [])
-        # Prefer pieces that start a word (" word"): joined by spaces they re-encode to one token each.
-        spaced = {p[1:] for i, p in enumerate(pieces) if i not in special and p[:1] == " " and _WORD.match(p[1:])}
-        plain = {p.strip() for i, p in enumerate(pieces) if i not in special and _WORD.match(p.strip())}
-        words = sorted(spaced if len(spaced) >= 1000 else plain)
+        # Prefer pieces that start a word (" word"): joined by spaces they re-encode to one token each. Byte-level
+        # BPE spells the space "Ġ", SentencePiece "▁": read from the vocabulary, they need no decoding (0.02 s of
+        # CPU for SmolLM2's 49k pieces here, against 0.32 s decoding each; the same words either way).
+        vocab = tokenizer.get_vocab() if hasattr(tokenizer, "get_vocab") else {}
+        spaced = {t[1:] for t, i in vocab.items() if t[:1] in ("Ġ", "▁") and i not in special and _WORD.match(t[1:])}
+        if len(spaced) < 1000:  # another spelling: decode every piece
+            pieces = tokenizer.batch_decode([[i] for i in range(len(tokenizer))])
+            spaced = {p[1:] for i, p in enumerate(pieces) if i not in special and p[:1] == " " and _WORD.match(p[1:])}
+            if len(spaced) < 1000:
+                spaced = {p.strip() for i, p in enumerate(pieces) if i not in special and _WORD.match(p.strip())}
+        words = sorted(spaced)
         if len(words) < 100:
             raise ValueError(f"tokenizer {self.name!r} has only {len(words)} plain lowercase words in its vocabulary; "
                              "cannot write synthetic prompts with it")
