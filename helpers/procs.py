@@ -299,13 +299,17 @@ def session_members(pid: int, create_time: float | None = None) -> list[psutil.P
     Introduced in lab 01 (One GPU, One Model).
     """
     found: dict[int, psutil.Process] = {}
-    with contextlib.suppress(psutil.Error):
+    with contextlib.suppress(psutil.NoSuchProcess, psutil.ZombieProcess):
         leader = psutil.Process(pid)
-        if create_time is None or _same_start(leader.create_time(), create_time):
-            create_time = leader.create_time()  # as this clock reads it now, to compare its members' with
-            found[pid] = leader
-            for c in leader.children(recursive=True):
-                found[c.pid] = c
+        if create_time is not None and not _same_start(leader.create_time(), create_time):
+            # The PID now belongs to another process. Linux frees a PID only once no process uses it as its ID, group
+            # or session, so none of the recorded session is left: every process in session ``pid`` is the new
+            # owner's (a reused PID leading another session would otherwise be collected, as root on Colab).
+            return []
+        create_time = leader.create_time()  # as this clock reads it now, to compare its members' with
+        found[pid] = leader
+        for c in leader.children(recursive=True):
+            found[c.pid] = c
     since = (create_time or 0.0) - 1.0
     for p in psutil.process_iter(["pid", "create_time"]):
         if p.pid in found or p.pid == os.getpid():

@@ -735,6 +735,27 @@ def test_a_clock_step_neither_kills_a_live_process_on_paper_nor_hides_its_tree(m
             os.killpg(leader.pid, 9)
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="psutil's create time reads /proc/stat's btime")
+def test_a_reused_pid_leading_another_session_is_not_collected():
+    """A record's server died and its PID now leads someone else's session (as root on Colab, any process): stopping
+    the record must signal nothing, though that session's members have the recorded PID as their session and started
+    after the record."""
+    other = subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time; "
+                              "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); time.sleep(60)"],
+                             start_new_session=True)
+    try:
+        deadline = time.monotonic() + 30
+        while not psutil.Process(other.pid).children() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        recorded = psutil.Process(other.pid).create_time() - 7200.25  # our server started two hours earlier with this PID
+        assert procs.session_members(other.pid, recorded) == []
+        assert procs.kill_tree(other.pid, recorded, timeout=2) == 0
+        assert other.poll() is None and len(psutil.Process(other.pid).children()) == 1  # untouched
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(other.pid, 9)
+
+
 @pytest.mark.vllm
 @pytest.mark.skipif(not __import__("importlib").util.find_spec("vllm"), reason="needs vLLM installed")
 def test_the_cpu_profile_serves_from_two_processes_not_three(cpu_server):
