@@ -25,15 +25,30 @@ if [ -n "$apt_missing" ]; then
          "(https://nginx.org/en/linux_packages.html) for lab 24." >&2
     status=1
   else
-    echo "== installing$apt_missing (Debian packages; no service is started)"
+    echo "== installing$apt_missing (Debian packages; no service is started, none is enabled for the next boot)"
     policy=""
-    if [ ! -e /usr/sbin/policy-rc.d ]; then
-      policy=/usr/sbin/policy-rc.d
-      printf '#!/bin/sh\nexit 101\n' | $SUDO tee $policy >/dev/null && $SUDO chmod +x $policy
+    POLICY_RC_D=${POLICY_RC_D:-/usr/sbin/policy-rc.d}
+    if [ ! -e "$POLICY_RC_D" ]; then
+      policy=$POLICY_RC_D  # ours: removed however this script ends (an interrupted apt-get included)
+      trap '$SUDO rm -f "$policy"' EXIT
+      trap 'exit 130' INT TERM
+      printf '#!/bin/sh\nexit 101\n' | $SUDO tee "$policy" >/dev/null && $SUDO chmod +x "$policy"
     fi
+    before=$(dpkg-query -W -f='${Package}\n' 2>/dev/null | sort)
     ($SUDO apt-get update -qq && $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
       $apt_missing >/dev/null) || status=1
-    [ -n "$policy" ] && $SUDO rm -f "$policy"
+    # The packages enable their services for the next boot (a Prometheus on :9090, an nginx on :80 on a pod that
+    # restarts): disabled here, only those of the packages this install added (a machine's own are left alone).
+    added=$(comm -13 <(echo "$before") <(dpkg-query -W -f='${Package}\n' 2>/dev/null | sort))
+    for pkg in $added; do
+      for f in $(dpkg -L "$pkg" 2>/dev/null | grep -E '(/systemd/system/[^/]+\.(service|socket|timer)|^/etc/init\.d/[^/]+)$'); do
+        case $f in
+          /etc/init.d/*) command -v update-rc.d >/dev/null 2>&1 && $SUDO update-rc.d "$(basename "$f")" disable >/dev/null 2>&1 ;;
+          *) command -v deb-systemd-helper >/dev/null 2>&1 && $SUDO deb-systemd-helper disable "$(basename "$f")" ;;
+        esac
+      done
+    done
+    if [ -n "$policy" ]; then $SUDO rm -f "$policy"; trap - EXIT; fi
   fi
 fi
 
