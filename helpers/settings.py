@@ -228,17 +228,19 @@ def repo_root() -> Path | None:
 
 
 def data_dir() -> Path:
-    """What the labs ship (model configs, prompts, eval sets): ``data/`` in the repository, or the copy
-    inside the installed package (``helpers/_data``, put there when the wheel is built).
+    """What the labs ship (model configs, prompts, eval sets): ``data/`` of the repository the package is installed
+    from (editable) or that ``LABS_HOME`` names, else the copy inside the installed package (``helpers/_data``, put
+    there when the wheel is built; a wheel never reads a ``data/`` of the folder it runs in).
 
     Introduced in lab 01 (One GPU, One Model).
     """
+    packaged = Path(str(resources.files("helpers") / "_data"))
+    if not flag("LABS_HOME") and not _is_repo(Path(__file__).resolve().parent.parent) \
+            and (packaged / "configs").is_dir():
+        return packaged  # an installed wheel reads its own data, never a folder it happens to run in
     root = repo_root()
     if root is not None:
         return root / "data"
-    packaged = Path(str(resources.files("helpers") / "_data"))
-    if (packaged / "configs").is_dir():
-        return packaged
     raise FileNotFoundError(
         "cannot find the labs' data: no repository (labs/ and data/) here or above, and the installed package "
         "carries no helpers/_data. Run from the repository, set LABS_HOME to it, or reinstall the package.")

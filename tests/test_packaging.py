@@ -57,6 +57,26 @@ def test_a_wheel_installed_elsewhere_loads_every_shipped_config_from_another_dir
     out = subprocess.run([sys.executable, "-c", code], cwd=elsewhere, env=env, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "helpers/_data" in out.stdout
+    # a stranger's folder with its own helpers.py, labs/ and data/: the console script answers the sizing question
+    # from the package's own data (the folder's data/ has no configs), and bad input gets one line and exit 2
+    theirs = tmp_path / "theirs"
+    (theirs / "labs").mkdir(parents=True)
+    (theirs / "data" / "configs").mkdir(parents=True)
+    (theirs / "helpers.py").write_text("raise SystemExit('the local helpers.py was imported')\n")
+    script = site / "bin" / "labs-sizing"
+    assert script.is_file(), sorted(p.name for p in (site / "bin").iterdir()) if (site / "bin").is_dir() else site
+    run = subprocess.run([sys.executable, str(script), "llama-3.1-8b", "--context", "8192", "--gpu", "h100"],
+                         cwd=theirs, env=env, capture_output=True, text=True)
+    assert run.returncode == 0 and "| max_concurrency |" in run.stdout, run.stderr[-2000:]
+    for bad, says in ((["--context", "1000000"], "limit of 131,072"), (["--context", "8192", "--gpu", "h100",
+                      "--gpu-memory-utilization", "1.5"], "in (0, 1]"), (["--context", "-5"], "at least 1")):
+        run = subprocess.run([sys.executable, str(script), "llama-3.1-8b", *bad], cwd=theirs, env=env,
+                             capture_output=True, text=True)
+        assert run.returncode == 2 and says in run.stderr and len(run.stderr.strip().splitlines()) == 1, run.stderr
+    import zipfile
+    names = zipfile.ZipFile(wheel).namelist()
+    assert "helpers/py.typed" in names and any(n.endswith("licenses/LICENSE") or n.endswith("/LICENSE")
+                                               for n in names), names[-10:]
 
 
 def _index(url: str, **env: str) -> subprocess.CompletedProcess:

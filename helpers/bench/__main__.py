@@ -56,7 +56,7 @@ def _workers(text: str) -> int | str:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m helpers.bench",
+    p = argparse.ArgumentParser(prog="labs-bench",
                                 description="Benchmark an OpenAI-compatible (vLLM) server honestly.")
     sub = p.add_subparsers(dest="cmd", required=True)
 

@@ -19,7 +19,7 @@ from . import diagnose
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m helpers.doctor",
+    ap = argparse.ArgumentParser(prog="labs-doctor",
                                  description="Diagnose a vLLM deployment with the expert's checklist.",
                                  allow_abbrev=False)  # else "--api-key SECRET" would pass as --api-key-env
     ap.add_argument("--base-url", help="the server (http://host:port, with or without /v1)")

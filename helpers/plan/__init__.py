@@ -104,7 +104,7 @@ def disk_table() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m helpers.plan", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="labs-plan", description=__doc__.split("\n\n")[0])
     ap.add_argument("profile", choices=sorted(runtime.PROFILES), nargs="?")
     ap.add_argument("--quick", action="store_true", help="the CI-sized plans (LABS_QUICK=1)")
     ap.add_argument("--json", action="store_true")

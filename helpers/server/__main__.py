@@ -9,8 +9,8 @@ from typing import Iterable
 from .. import procs
 
 
-def main(argv: Iterable[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m helpers.server",
+def main(argv: Iterable[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="labs-server",
                                      description="List or stop the processes (vLLM servers, routers, Prometheus, "
                                                  "calibration servers) the labs started.")
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -19,7 +19,7 @@ def main(argv: Iterable[str]) -> int:
     p.add_argument("pid", type=int)
     p = sub.add_parser("stop-all", help="stop every process the labs started")
     p.add_argument("--session", default=None, help="only those of this LABS_SESSION (as `make test` uses)")
-    args = parser.parse_args(list(argv))
+    args = parser.parse_args(None if argv is None else list(argv))
     if args.cmd == "list":
         rows = procs.describe_all()
         print("\n".join(rows) if rows else "no processes running")

@@ -50,7 +50,7 @@ from .roofline import (
     expected_experts,
     prefill_time,
 )
-from .sheet import Prediction, SizingSheet, plan_sheet, predict_sheet
+from .sheet import Prediction, SizingSheet, check_request, plan_sheet, predict_sheet
 
 __all__ = [
     "CONFIG_DIR", "ModelConfig", "config_names", "dtype_bytes", "load_config", "normalize_dtype",
@@ -61,7 +61,7 @@ __all__ = [
     "Hardware", "HARDWARE", "PRICE_ASSUMPTION", "hardware", "measure", "measure_cpu", "measure_gpu", "compute_flops",
     "StepTime", "CriticalBatch", "prefill_time", "decode_step_time", "arithmetic_intensity", "critical_batch",
     "expected_experts",
-    "Prediction", "SizingSheet", "predict_sheet", "plan_sheet",
+    "Prediction", "SizingSheet", "check_request", "predict_sheet", "plan_sheet",
     "PrefillFit", "DecodeFit", "LinearFit", "fit_prefill", "fit_decode", "fit_line", "prefill_flops",
     "summary",
     "Link", "LINKS", "allreduce_time", "tp_comm_per_step", "pp_bubble", "transfer_time", "measure_allreduce",

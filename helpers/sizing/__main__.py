@@ -1,4 +1,5 @@
-"""``python -m helpers.sizing CONFIG --context N [--kv-dtype D] [--weight-dtype D] [--json]``."""
+"""``python -m helpers.sizing CONFIG --context N [--gpu h100 [--gpu-memory-utilization 0.9] [--batch B]] [--json]``
+(installed as ``labs-sizing``)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,8 @@ import argparse
 import json
 import sys
 
-from . import config_names, load_config, summary, vllm_kv_capacity
+from . import check_request, config_names, hardware, load_config, plan_sheet, summary, vllm_kv_capacity
+from .hardware import HARDWARE
 
 
 def _human(n: float) -> str:
@@ -19,7 +21,7 @@ def _human(n: float) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m helpers.sizing",
+        prog="labs-sizing",
         description="Parameters, weight bytes and KV cache bytes of a model from its config.json.",
         epilog=f"shipped configs: {', '.join(config_names())}",
     )
@@ -32,10 +34,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kv-cache-bytes", type=int, help="also report vLLM's capacity for this much KV memory")
     parser.add_argument("--block-size", type=int, help="vLLM block size (CPU 128, GPU 16) for --kv-cache-bytes")
     parser.add_argument("--max-model-len", type=int, help="max_model_len for the capacity (default: --context)")
+    parser.add_argument("--gpu", help=f"a card to size it on, by catalog key ({', '.join(HARDWARE)}) or by its "
+                        "nvidia-smi name: adds the what-if Sizing Sheet (KV room, concurrency, roofline times)")
+    parser.add_argument("--gpu-memory-utilization", type=float, default=0.9,
+                        help="with --gpu: vLLM's share of the card (default 0.9, as vLLM's)")
+    parser.add_argument("--batch", type=int, default=1, help="with --gpu: requests decoding together")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     args = parser.parse_args(argv)
     try:
         cfg = load_config(args.config)
+        check_request(cfg, args.context, gpu_memory_utilization=args.gpu_memory_utilization, tp=args.tp,
+                      batch=args.batch)
+        if args.gpu:
+            sheet = plan_sheet(cfg, hardware(args.gpu), args.context, args.batch, weight_dtype=args.weight_dtype,
+                               kv_dtype=args.kv_dtype, gpu_memory_utilization=args.gpu_memory_utilization, tp=args.tp)
+            print(sheet.to_json() if args.json else sheet.to_markdown(), end="" if args.json else "")
+            return 0
         out = summary(cfg, args.context, args.kv_dtype, args.weight_dtype, tp=args.tp, group_size=args.group_size)
         if args.kv_cache_bytes is not None:
             if args.block_size is None:
@@ -43,9 +57,10 @@ def main(argv: list[str] | None = None) -> int:
             cap = vllm_kv_capacity(cfg, args.kv_cache_bytes, args.block_size, args.max_model_len or args.context,
                                    args.kv_dtype, args.tp)
             out.update(num_blocks=cap.num_blocks, kv_cache_tokens=cap.kv_cache_tokens,
-                       max_concurrency=round(cap.max_concurrency, 4), vllm_log_line=cap.log_line())
+                       max_concurrency=round(cap.max_concurrency, 4),
+                       vllm_log_line=cap.log_line("CPU" if args.block_size == 128 else "GPU"))
     except (FileNotFoundError, KeyError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {e.args[0] if isinstance(e, KeyError) and e.args else e}", file=sys.stderr)
         return 2
     if args.json:
         print(json.dumps(out, indent=2))

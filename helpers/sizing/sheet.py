@@ -280,6 +280,28 @@ def predict_sheet(
     return sheet
 
 
+def check_request(cfg: ModelConfig, context: int, *, gpu_memory_utilization: float = 0.9, tp: int = 1,
+                  batch: int = 1) -> None:
+    """Refuse a sizing question vLLM would refuse, in one line that says what to give instead: a context beyond the
+    model's ``max_position_embeddings`` (vLLM: "User-specified max_model_len ... is greater than the derived
+    max_model_len"), a utilization outside (0, 1], a count below one.
+
+    Introduced in lab 05 (Where the Time Goes).
+    """
+    if not isinstance(context, int) or context < 1:
+        raise ValueError(f"context must be a whole number of tokens, at least 1 (got {context!r})")
+    limit = cfg.max_position_embeddings
+    if limit and context > limit:
+        raise ValueError(f"context {context:,} is longer than {cfg.name}'s limit of {limit:,} tokens "
+                         "(max_position_embeddings): ask for at most that, as vLLM's max_model_len would")
+    if not 0 < gpu_memory_utilization <= 1:
+        raise ValueError(f"gpu_memory_utilization is a share of the card, in (0, 1] (got {gpu_memory_utilization!r}): "
+                         "0.9 is vLLM's default")
+    for name, n in (("tp", tp), ("batch", batch)):
+        if not isinstance(n, int) or n < 1:
+            raise ValueError(f"{name} must be a whole number, at least 1 (got {n!r})")
+
+
 def plan_sheet(
     model: "ModelConfig | Mapping[str, Any] | str",
     hw: Hardware,
@@ -303,6 +325,7 @@ def plan_sheet(
     Introduced in lab 05 (Where the Time Goes).
     """
     cfg = load_config(model)
+    check_request(cfg, context, gpu_memory_utilization=gpu_memory_utilization, tp=tp, batch=batch)
     wd = normalize_dtype(weight_dtype)
     weights = weight_bytes(cfg, wd, strict=False).total
     budget = gpu_memory_utilization * hw.memory_gib * 2**30
