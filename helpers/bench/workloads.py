@@ -19,6 +19,7 @@ runs of a sweep use different seeds, so one run never warms the cache for the ne
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import os
 import re
@@ -89,8 +90,30 @@ def load_tokenizer(path: str | None = None):
                           "`pip install transformers`)") from e
     local = models.local_path(path or models.DEFAULT_ID)
     if local is not None:
-        return AutoTokenizer.from_pretrained(str(local), local_files_only=True)
+        return _load_local(_tokenizer_files(Path(local)), str(local))
     return AutoTokenizer.from_pretrained(str(path))
+
+
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
+                    "vocab.json", "merges.txt", "chat_template.jinja")
+
+
+def _tokenizer_files(folder: Path) -> str:
+    """A key for a folder's tokenizer by what its files hold: a quantized checkpoint carries its model's tokenizer,
+    so the labs' many checkpoints of one model share one loaded tokenizer (a load takes about a second)."""
+    h = hashlib.sha1()
+    for name in _TOKENIZER_FILES:
+        f = folder / name
+        if f.is_file():
+            h.update(name.encode() + b"\0" + f.read_bytes())
+    return h.hexdigest()
+
+
+@functools.lru_cache(maxsize=8)
+def _load_local(key: str, folder: str):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(folder, local_files_only=True)  # the first folder with these files
 
 
 class TokenCounter:
@@ -213,7 +236,9 @@ class TokenCounter:
 
 
 @functools.lru_cache(maxsize=8)
+@functools.lru_cache(maxsize=16)
 def _counter_for(path: str | None) -> TokenCounter:
+    """One counter per tokenizer path: its word table and its memos are built once, not per workload."""
     return TokenCounter(load_tokenizer(path), name=path or models.DEFAULT_ID)
 
 
