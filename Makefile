@@ -27,7 +27,8 @@ QVENV := .venv-quant
 QPY := $(QVENV)/bin/python
 QSTAMP := $(QVENV)/.setup-complete
 
-.PHONY: setup quant-env lab kernel tools test test-unit test-labs test-labs-all model strip check-notebooks stop-servers clean
+.PHONY: setup quant-env lab kernel tools test test-unit test-rehearsal rehearse test-labs test-labs-all model strip \
+        check-notebooks stop-servers clean
 
 # The two environments are independent: built side by side (on a clean 2-core machine the quantization one, about
 # 90 s of pip, then costs nothing of the vLLM one's 3.5 minutes).
@@ -96,6 +97,7 @@ lab: setup
 # Lab 01 runs through ci/run_sequence.py, the instructor's papermill route, so that route is executed too.
 test: setup
 	$(MAKE) test-unit
+	$(MAKE) test-rehearsal
 	$(MAKE) test-labs
 
 # Two pytest runs side by side: the tests that start real vLLM servers (marker `vllm`) one after another, as the
@@ -107,6 +109,16 @@ test-unit: setup
 	log=$$(mktemp); $(PY) -m pytest tests -q -p no:cacheprovider -m "not vllm and not route" --durations=5 >$$log 2>&1 & cpu=$$!; \
 	$(PY) -m pytest tests -q -p no:cacheprovider -m "vllm or route" --durations=10; real=$$?; \
 	wait $$cpu; rc=$$?; echo "== CPU-only tests"; cat $$log; rm -f $$log; [ $$real = 0 ] && [ $$rc = 0 ]
+
+# The GPU rehearsal (ci/rehearse): every lab executed on a GPU machine this one is not, against a vLLM stand-in.
+# make test runs every lab once, each on the machine ci/rehearse/cards.py's SAMPLE gives it (about 3 minutes here);
+# `make rehearse` runs every lab on all nine machines (about 15 minutes of both cores), as an instructor should before
+# a course on a new card. Reports: runs/rehearsal*/report.md.
+test-rehearsal: setup
+	$(PY) -m ci.rehearse --all --sample --jobs 3 --out runs/rehearsal
+
+rehearse: setup
+	$(PY) -m ci.rehearse --all --jobs 4 --out runs/rehearsal-all
 
 # Labs left out of make test: none (all 24 run, as the GPU runner does). To skip some while working on others:
 # `make test LABS_OUTSIDE_MAKE_TEST="22 23"`.

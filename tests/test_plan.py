@@ -106,3 +106,15 @@ def test_lab_05_fits_its_prefill_on_four_or_more_lengths_below_its_target(name):
         lengths = p["calibration_lengths"]
         assert len(lengths) >= 4 and all(L < p["context"] for L in lengths), (quick, lengths, p["context"])
         assert max(lengths) >= p["context"] / 2, (quick, lengths)  # extrapolated at most 2x
+
+
+def test_make_tests_rehearsal_runs_every_lab_once_on_machines_that_exist():
+    """make test rehearses a share of the matrix (ci.rehearse.cards.SAMPLE): every lab exactly once, each machine it
+    names a real one, so no lab's GPU path goes unexecuted in a CI run."""
+    from ci.rehearse import cards
+    from ci.rehearse.__main__ import select
+
+    labs = [p.name[:2] for share in cards.SAMPLE.values() for p in select(share)]
+    assert sorted(labs) == sorted(p.name[:2] for p in select(None)), labs
+    assert set(cards.SAMPLE) <= set(cards.MACHINES)
+    assert {cards.MACHINES[k].count for k in cards.SAMPLE} >= {1, 2}  # lab 18's two-GPU path among them

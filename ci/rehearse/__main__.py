@@ -9,7 +9,8 @@ nothing), any other exception fails the lab. It writes ``report.json`` and ``rep
 lab, the cells run, the servers started and the share of the card each asked for, the disk the lab writes at full
 size (its plan's), the checks not judged; nothing under ``reports/`` (a rehearsal's numbers are never a deliverable).
 
-``--machine`` names one of :data:`ci.rehearse.cards.MACHINES` (``make test`` rehearses all of them).
+``--machine`` names one of :data:`ci.rehearse.cards.MACHINES`; ``--all`` rehearses every lab on each of them (``make
+rehearse``), ``--all --sample`` every lab once, on the machines :data:`ci.rehearse.cards.SAMPLE` gives (``make test``).
 """
 
 from __future__ import annotations
@@ -124,19 +125,20 @@ def markdown(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def rehearse_all(labs: str | None, jobs: int, out: Path) -> int:
+def rehearse_all(labs: str | None, jobs: int, out: Path, sample: bool = False) -> int:
     """Every machine of :data:`ci.rehearse.cards.MACHINES`, ``jobs`` at a time (each its own world and process: a
     rehearsal waits on its stand-ins' clocks most of the time, so two share a core well); a summary of all of them
     in ``out/report.md``."""
     out.mkdir(parents=True, exist_ok=True)
-    pending, running, done = list(cards.MACHINES), {}, {}
+    shares = {k: (cards.SAMPLE[k] if sample else labs) for k in cards.MACHINES if not sample or k in cards.SAMPLE}
+    pending, running, done = list(shares), {}, {}
     t0 = time.time()
     while pending or running:
         while pending and len(running) < max(1, jobs):
             key = pending.pop(0)
             log = open(out / f"{key}.log", "w")
             cmd = [sys.executable, "-m", "ci.rehearse", "--machine", key, "--out", str(out / key),
-                   *(["--labs", labs] if labs else [])]
+                   *(["--labs", shares[key]] if shares[key] else [])]
             running[key] = (subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT), log, time.time())
         time.sleep(0.5)
         for key, (proc, log, started) in list(running.items()):
@@ -149,10 +151,11 @@ def rehearse_all(labs: str | None, jobs: int, out: Path) -> int:
                       f"({tail[0].strip()[:120]})", flush=True)
     lines = ["# Rehearsals", "", f"{len(done)} machines, {jobs} at a time, in {time.time() - t0:.0f} s. Each row is "
              "the machine's own report; every number in them comes from a plan or a stand-in, none is a "
-             "measurement.", "", "| machine | result | s | report |", "|---|---|---|---|"]
-    for key in cards.MACHINES:
+             "measurement.", "", "| machine | labs | result | s | report |", "|---|---|---|---|---|"]
+    for key in shares:
         rc, secs = done[key]
-        lines.append(f"| {key} | {'passed' if rc == 0 else 'FAILED'} | {secs:.0f} | [{key}/report.md]({key}/report.md) |")
+        lines.append(f"| {key} | {shares[key] or 'all'} | {'passed' if rc == 0 else 'FAILED'} | {secs:.0f} | "
+                     f"[{key}/report.md]({key}/report.md) |")
     (out / "report.md").write_text("\n".join(lines) + "\n")
     failed = [k for k, (rc, _) in done.items() if rc != 0]
     print(f"== rehearsals: {len(done) - len(failed)} of {len(done)} machines passed in {time.time() - t0:.0f} s"
@@ -164,6 +167,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m ci.rehearse", description=__doc__.split("\n\n")[0])
     ap.add_argument("--all", action="store_true", help="every machine make test rehearses (with --jobs)")
     ap.add_argument("--jobs", type=int, default=2, help="with --all: machines at a time (default 2)")
+    ap.add_argument("--sample", action="store_true", help="with --all: every lab once, on the machine cards.SAMPLE "
+                                                          "gives it (make test's share)")
     ap.add_argument("--profile", help="a GPU profile (colab-t4, l4, a100, h100, h200, b200)")
     ap.add_argument("--machine", help=f"a rehearsal machine: {', '.join(cards.MACHINES)}")
     ap.add_argument("--card", help="another card for the profile, by nvidia-smi name (e.g. 'NVIDIA A100-SXM4-40GB')")
@@ -173,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--keep", action="store_true", help="keep the rehearsal's world (its temporary folder)")
     a = ap.parse_args(argv)
     if a.all:
-        return rehearse_all(a.labs, a.jobs, Path(a.out or ROOT / "runs" / "rehearsal"))
+        return rehearse_all(a.labs, a.jobs, Path(a.out or ROOT / "runs" / "rehearsal"), sample=a.sample)
     if not (a.profile or a.machine):
         ap.error("name a --profile, a --machine or --all")
     key = a.machine or a.profile
