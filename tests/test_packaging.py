@@ -107,7 +107,9 @@ def test_every_pip_install_in_setup_takes_the_probed_index():
     makefile = (ROOT / "Makefile").read_text()
     assert "--extra-index-url" not in makefile.replace("TORCH_CPU_INDEX_ARGS", "")
     assert makefile.count("$(TORCH_CPU_INDEX_ARGS) -r requirements-") == 1                     # .venv, cpu flavour
-    assert "$(if $(filter cpu,$(LABS_FLAVOUR)),$(TORCH_CPU_INDEX_ARGS))" in makefile          # .venv-quant, cpu only
+    # .venv-quant: the CPU index on a CPU; on a GPU torch's build for the driver (check_env.py build --torch)
+    assert "$(if $(filter cpu,$(LABS_FLAVOUR)),$(TORCH_CPU_INDEX_ARGS),$$($(PYTHON) scripts/check_env.py build " \
+           "--torch))" in makefile
 
 
 # pandas methods the labs call whose optional dependency pandas does not install for them.
@@ -215,3 +217,49 @@ def test_on_colab_the_first_quantization_call_builds_its_environment(tmp_path, m
     with pytest.raises(env.QuantEnvMissing, match="make setup"):  # elsewhere: say so, build nothing
         env.quant_python()
     assert len(calls) == 1
+
+
+@pytest.mark.parametrize("recorded, build", [("colab-t4-2026-09", "pypi"), ("runpod-h100-2026-03", "cu129"),
+                                             ("lambda-h100-2024-11", "cu129"), ("aws-g5-2025-05", "cu129"),
+                                             ("old-r470", None)])
+def test_the_gpu_route_installs_the_vllm_build_the_driver_runs(recorded, build):
+    """PyPI's vllm 0.32.0 is a CUDA 13 build (R580+ drivers); Colab's A100 hosts and RunPod's, Lambda's and AWS's
+    R535-R570 images run CUDA 12.x: there the route installs vLLM's CUDA 12.9 build of the same version, with torch's
+    cu129 build, instead of telling the learner to update a driver they cannot. Read from recorded nvidia-smi."""
+    smi = ROOT / "tests" / "fixtures" / "nvidia_smi" / f"{recorded}.txt"
+    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "check_env.py"), "build", "--nvidia-smi", str(smi)],
+                         capture_output=True, text=True)
+    torch_only = subprocess.run([sys.executable, str(ROOT / "scripts" / "check_env.py"), "build", "--torch",
+                                 "--nvidia-smi", str(smi)], capture_output=True, text=True)
+    if build is None:
+        assert out.returncode == 2 and "CPU flavour" in out.stderr and "11.4" in out.stderr, out.stderr
+        return
+    assert out.returncode == 0, out.stderr
+    args = out.stdout.split()
+    if build == "pypi":
+        assert args == ["vllm==0.32.0"] and torch_only.stdout.split() == ["torch==2.13.0"]
+    else:
+        assert "vllm==0.32.0+cu129" in args and "torch==2.13.0+cu129" in args
+        assert args[args.index("--extra-index-url") + 1] == "https://wheels.vllm.ai/0.32.0/cu129"
+        assert torch_only.stdout.split() == ["torch==2.13.0+cu129", "--extra-index-url",
+                                             "https://download.pytorch.org/whl/cu129"]
+    # the Makefile and Colab's route both take it from there
+    assert "scripts/check_env.py build)" in (ROOT / "Makefile").read_text()
+    assert '[*check, "build"]' in (ROOT / "scripts" / "colab_setup.py").read_text()
+
+
+def test_after_installing_a_smoke_start_proves_the_build_runs_or_offers_the_cpu_flavour(monkeypatch, capsys):
+    """Colab's GPU route ends in a start of the embedded model (seconds); a build that cannot run on the card (a T4
+    its kernels lack) is said in one message that offers the CPU flavour, which runs every lab. The stand-in serves
+    the start here (no GPU), and the fake vLLM's crash plays the build that does not run."""
+    mod = load("scripts/colab_setup.py")
+    monkeypatch.chdir(ROOT)  # the entry points below are modules of the repository
+    monkeypatch.setenv("LABS_VLLM_ENTRYPOINT", "ci.rehearse.standin")
+    assert mod.smoke_start()
+    assert "this build runs here" in capsys.readouterr().out
+    monkeypatch.setenv("LABS_VLLM_ENTRYPOINT", "tests.fake_vllm")
+    monkeypatch.setenv("FAKE_VLLM_MODE", "crash")
+    assert not mod.smoke_start()
+    said = capsys.readouterr().err.strip().splitlines()
+    assert len(said) == 1 and "does not run on this card" in said[0] and "--flavour cpu" in said[0], said
+    assert "Cause: ValueError" in said[0]  # the log's root cause, not only an exit code

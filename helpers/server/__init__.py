@@ -24,12 +24,12 @@ next one starts, and ``python -m helpers.server list|stop PID|stop-all`` works f
 
 from .args import check_engine_args, engine_cli
 from .core import (KIND, PortInUse, Server, ServerError, ServerStartError, ServerTimeout, TooManyServers,
-                   list_servers, start, stop_all, stop_owned)
+                   list_servers, smoke, start, stop_all, stop_owned)
 from .startup import StartupInfo, failure_hint, parse_startup_log
 from ..procs import root_cause
 
 __all__ = [
     "Server", "StartupInfo", "ServerError", "ServerStartError", "ServerTimeout", "PortInUse", "TooManyServers",
-    "start", "stop_all", "stop_owned", "list_servers", "parse_startup_log", "failure_hint", "root_cause",
+    "start", "smoke", "stop_all", "stop_owned", "list_servers", "parse_startup_log", "failure_hint", "root_cause",
     "engine_cli", "check_engine_args", "KIND",
 ]

@@ -664,3 +664,30 @@ def _progress(enabled: bool, desc: str):
             bar.show(postfix=status or "")
 
     return update
+
+
+def smoke(timeout: float = 600.0) -> str:
+    """Start the embedded model (SmolLM2-135M) on this machine's device with its profile's settings, ask it one
+    completion, stop it: proof, in seconds, that the installed vLLM build runs on this card. Returns one line that
+    says so; raises :class:`ServerError` (whose first line says why) when it does not.
+
+    Introduced in lab 01 (One GPU, One Model).
+    """
+    from .. import runtime
+
+    prof = runtime.profile()
+    path = _models.local_path(_models.DEFAULT_ID)
+    if path is None:
+        raise ServerError("the embedded model is not installed: run `python -m helpers.models install` first")
+    small = {"max_model_len": 512, "enforce_eager": True,
+             **({"gpu_memory_utilization": 0.3} if prof.device == "cuda" else {})}  # a corner of the card
+    t0 = time.monotonic()
+    with start(prof, model=str(path), served_model_name="smoke", reuse=False, progress=False,
+               ready_timeout=timeout, **small) as srv:
+        r = http().post(f"{srv.base_url}/completions", json={"model": srv.model, "prompt": "The capital of France is",
+                                                            "max_tokens": 4, "temperature": 0.0}, timeout=120.0)
+        if r.status_code != 200 or not r.json()["choices"][0]["text"]:
+            raise ServerError(f"vLLM started but did not answer a completion ({r.status_code}): {r.text[:200]}")
+        took = time.monotonic() - t0
+        return (f"vLLM {srv.startup.version} ({srv.startup.device}, {srv.startup.dtype}) started the embedded model "
+                f"and answered in {took:.0f} s: this build runs here")
