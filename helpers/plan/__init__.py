@@ -65,6 +65,7 @@ def lab(number: str, profile: runtime.Profile | str, quick: bool | None = None) 
     else:
         p.servers_on_card, fits = resources.servers_on_card(prof, servers, together)
         p.checks.extend(fits)
+    p.checks.extend(resources.context_check(s, prof) for s in servers)
     if p.calibration is not None:
         p.checks.append(resources.calibration_check(p.calibration))
     p.disk_bytes = p.disk_bytes or resources.disk()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .. import runtime
+from .. import runtime, sizing
 from . import resources as res
 from .core import (TINY_MOE, TINY_TP, fits_context, fleet_model, gpu, gpu_fit, kv_per_token, long_enough, register,
                    shared_gpu_fit)
@@ -66,13 +66,15 @@ def _lab19(p: runtime.Profile, quick: bool) -> dict[str, Any]:
 def _lab20(p: runtime.Profile, quick: bool) -> dict[str, Any]:
     lengths = ([256, 1024] if quick else [256, 512, 1024, 2048]) if not gpu(p) else \
         ([2048, 8192] if quick else [1024, 4096, 16384, 32768])
-    lengths = [n for n in lengths if n + 64 <= p.max_model_len]
     model = fleet_model(p)
+    # the served model's own limit: on a 40 GB card the fleet's model is a 1.5B with 32,768 positions, not the 8B's
+    limit = min(p.max_model_len, sizing.load_config(model, dtype=p.dtype).max_position_embeddings or p.max_model_len)
+    lengths = [n for n in lengths if n + 64 <= limit]
     repeats, out = (2 if quick else 3), 16
     # Each server's context and KV pool fixed to what the lab sends: two servers share one card, and vLLM's memory
     # profiler counts the card's free memory, so each would see the other's weights (loading beside it) as its own,
     # leaving an H100 ~4 GiB of KV where max_model_len 131,072 needs 16 GiB. Fixed KV bytes skip the profiler.
-    max_len = min(p.max_model_len, -(-(lengths[-1] + 64) // 256) * 256)
+    max_len = min(limit, -(-(lengths[-1] + 64) // 256) * 256)
     per_token = kv_per_token(p, model)
     kv_bytes = 2 * max_len * per_token
     util = round(p.utilization / 2, 3) if gpu(p) else None

@@ -105,6 +105,19 @@ def server(name: str, p: runtime.Profile, tokens: int, *, utilization: float | N
             "kv_bytes": None if kv_bytes is None else int(kv_bytes)}
 
 
+def context_check(server_: dict[str, Any], p: runtime.Profile) -> dict[str, Any]:
+    """vLLM refuses a ``max_model_len`` beyond the model's ``max_position_embeddings`` ("User-specified max_model_len
+    ... is greater than the derived max_model_len"): each server's longest request within its own model's limit (a
+    fleet lab on a 40 GB card serves a smaller model than its profile's, with a shorter limit).
+
+    Introduced in lab 20 (Disaggregating Prefill and Decode).
+    """
+    limit = sizing.load_config(server_["model"], dtype=p.dtype).max_position_embeddings
+    return {"claim": f"{server_['server']}: max_model_len {server_['tokens']:,} within {server_['model']}'s "
+                     f"{limit or 'unknown':,} positions" if limit else f"{server_['server']}: no position limit known",
+            "ok": not limit or server_["tokens"] <= limit}
+
+
 def servers_on_card(p: runtime.Profile, servers: list[dict[str, Any]], together: bool = False
                     ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """The servers a lab runs at once on one device, each with the KV bytes vLLM gives it, and the checks.
