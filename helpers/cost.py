@@ -346,29 +346,31 @@ class Deployment:
     def reasons(self) -> dict[str, str]:
         """Why each configuration was chosen or not, with its numbers: no rate met the SLO; not shown to be the same
         model (the evidence that failed); or its cost against the chosen one's."""
-        chosen = self.offer(self.chosen).cost_per_million_output_tokens
+        chosen = self.offer(self.chosen).cost_per_million_output_tokens if self.chosen else None
         out = {}
         for o in self.offers:
             c = o.cost_per_million_output_tokens
             if o.name == self.chosen:
                 out[o.name] = f"chosen: the cheapest configuration that met the SLO and is the same model (${c:.4f})"
             elif not c:
-                out[o.name] = "met the SLO at no rate searched: not priced"
+                lowest = (o.bracket or [None, None])[1]
+                out[o.name] = "met the SLO at no rate searched" + (
+                    f" (it missed down to {lowest:g} req/s, its lowest probe)" if lowest else "") + ": not priced"
             elif not self.safe(o.name):
                 failed = [e for e, ok in zip(self.evidence(o.name), self._proven(o.name)) if not ok]
-                out[o.name] = (f"{'cheaper' if c < chosen else 'no cheaper'} (${c:.4f}, {c / chosen - 1:+.0%}) but "
-                               "not shown to be the same model: " + "; ".join(failed))
+                against = f"{'cheaper' if c < chosen else 'no cheaper'} (${c:.4f}, {c / chosen - 1:+.0%})" if chosen \
+                    else f"${c:.4f}"
+                out[o.name] = f"{against} but not shown to be the same model: " + "; ".join(failed)
             else:
                 out[o.name] = f"${c:.4f}: {c / chosen - 1:+.0%} against the chosen one"
         return out
 
-    def choose(self) -> str:
+    def choose(self) -> str | None:
         """The cheapest configuration that met the SLO and is safe (the baseline when none beats it): what
-        ``chosen`` is set to when a deployment is made; a saved one keeps what it chose."""
+        ``chosen`` is set to when a deployment is made; a saved one keeps what it chose. None when no configuration met
+        the SLO and is safe (a card too slow for the SLO: the report then says what each missed)."""
         priced = [o for o in self.offers if o.cost_per_million_output_tokens and self.safe(o.name)]
-        if not priced:
-            raise ValueError("no configuration met the SLO and is safe: nothing to choose")
-        return min(priced, key=lambda o: o.cost_per_million_output_tokens).name
+        return min(priced, key=lambda o: o.cost_per_million_output_tokens).name if priced else None
 
     def as_dict(self) -> dict:
         out = dataclasses.asdict(self)
@@ -396,8 +398,12 @@ class Deployment:
 
     def to_markdown(self) -> str:
         money = lambda x: f"${x:.4f}" if x else "n/a (no rate met the SLO)"  # noqa: E731
-        b, c = self.offer(self.baseline), self.offer(self.chosen)
-        if c.name == b.name:
+        b = self.offer(self.baseline)
+        c = self.offer(self.chosen) if self.chosen else b  # nothing chosen: the baseline's facts head the report
+        if not self.chosen:
+            verdict = ("— none: no configuration met the SLO and is the same model on this device (below: what each "
+                       "missed). Loosen the SLO, or serve on a faster card.")
+        elif c.name == b.name:
             verdict = "— the baseline itself: no safe configuration made tokens cheaper at the SLO on this device."
         else:
             verdict = f"against {money(b.cost_per_million_output_tokens)} for the {b.name}"
@@ -406,9 +412,11 @@ class Deployment:
                 verdict += f" ({saving:.0%} cheaper)." if saving >= 0 else f" ({-saving:.0%} dearer)."
         w, s = self.workload, self.slo
         md = [f"# Phase 3 deployment: {self.model} on {self.profile}", "",
-              f"**Chosen: {c.name}** — {money(c.cost_per_million_output_tokens)} per million output tokens {verdict}",
-              f"Chosen configuration the same model as the baseline: **{'yes' if self.safe(c.name) else 'NO'}**:",
-              *[f"- {e}" for e in self.evidence(c.name)], "",
+              f"**Chosen: {c.name if self.chosen else 'nothing'}** "
+              f"{'— ' + money(c.cost_per_million_output_tokens) + ' per million output tokens ' if self.chosen else ''}"
+              f"{verdict}",
+              *([f"Chosen configuration the same model as the baseline: **{'yes' if self.safe(c.name) else 'NO'}**:",
+                 *[f"- {e}" for e in self.evidence(c.name)]] if self.chosen else []), "",
               f"SLO: {s['attainment']:.0%} of requests within TTFT {s['ttft_ms']} ms and TPOT {s['tpot_ms']} ms; "
               f"workload: {w['input tokens']} prompt and {w['output tokens']} output tokens, Poisson arrivals; price: "
               f"{self.device} at ${self.price['usd_per_hour']}/hour ({self.price['source']}, {self.price['as_of']}).", "",
@@ -448,7 +456,7 @@ class Deployment:
             md += [f"| {r['row']} | {r['kind']} | {r['$/hour']} | {r['output tok/s']:.1f} | {r['$ per M output']:.4f} |"
                    for r in self.predicted_devices]
         md += ["", "## Reproduce", ""]
-        for o in (b, c) if c.name != b.name else (b,):
+        for o in (b, c) if self.chosen and c.name != b.name else (b,):
             md += [f"**{o.name}**", "", "```", o.reproduce.get("server", ""), o.reproduce.get("bench", ""), "```", ""]
         return "\n".join(md)
 

@@ -93,3 +93,22 @@ def test_a_deployment_states_its_gates_verdict():
     assert cost.Deployment(gate=None, **kw).gate_verdict is None
     assert cost.Deployment(gate={"safe": False}, **kw).gate_verdict == "NOT SAFE"   # saved before verdicts
     assert cost.Deployment(gate={"safe": False, "verdict": "INCONCLUSIVE"}, **kw).gate_verdict == "INCONCLUSIVE"
+
+
+def test_a_card_too_slow_for_the_slo_chooses_nothing_and_says_what_each_missed(tmp_path):
+    """An A10G's rehearsal: the 8B baseline and its INT8 checkpoint met the SLO at no rate searched, and lab 17 stopped
+    with 'nothing to choose'. The deployment now chooses nothing, and its report says so, with each one's lowest miss."""
+    slo = {"attainment": 0.9, "ttft_ms": 500, "tpot_ms": 40}
+    missed = [cost.Offer(name=n, checkpoint=ck, speculative=None, max_rate_at_slo=None, bracket=(None, r),
+                         output_tokens_per_s_at_slo=None, price_per_hour=1.0, cost_per_million_output_tokens=None)
+              for n, ck, r in (("base", "ck", 2.68), ("int8", "ck-int8", 9.68))]
+    dep = cost.Deployment(model="m", profile="l4", baseline_checkpoint="ck", slo=slo, device="a10g",
+                          workload={"input tokens": 512, "output tokens": 128}, price={"usd_per_hour": 1.0,
+                          "source": "s", "as_of": "2026"}, offers=missed, baseline="base", gate=None,
+                          gated_checkpoint="ck-int8", drafting=None, min_greedy_agreement=0.9)
+    assert dep.chosen is None
+    why = dep.reasons()
+    assert "2.68 req/s" in why["base"] and "9.68 req/s" in why["int8"], why
+    md = dep.to_markdown()
+    assert "**Chosen: nothing**" in md and "no configuration met the SLO" in md, md[:400]
+    assert cost.Deployment.from_dict(dep.as_dict()).chosen is None  # saved and read back, still nothing

@@ -668,6 +668,9 @@ def _offer17(data, name: str) -> dict:
             _row_doctor(CONFIGS_17[2], **{"acceptance rate, open prompts": None}), 'rows[n]["acceptance rate, open prompts"]'),
      Doctor("an open prompt failed", lambda ns: ns["open_runs"][CONFIGS_17[2]].__setattr__("summary", make_summary(failed=1)),
             "r.summary.failed == 0"),
+     Doctor("the deliverable chose nothing (no configuration priced at the SLO)",
+            _deliverable_edit(lambda d: [o.update(cost_per_million_output_tokens=None) for o in d["offers"]]
+                              and None or d.update(chosen=None)), "assert saved.chosen,", after_derive=True),
      Doctor("the deliverable chose a dearer configuration than the cheapest safe one",
             _deliverable_edit(lambda d: d.update(chosen=d["baseline"])), "saved.offer(saved.chosen).cost_per_million",
             after_derive=True),
