@@ -238,6 +238,7 @@ async def _completion(state: Any, body: dict[str, Any], *, chat: bool, request: 
                 state.engine.abort(r)
     usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
     usage["prompt_tokens_details"] = None
+    usage["completion_tokens_details"] = None  # vLLM's UsageInfo (serve/engine/protocol.py): None without reasoning
     return JSONResponse({"id": rid, "object": "chat.completion" if chat else "text_completion",
                          "created": int(arrival), "model": state.served, "choices": choices, "usage": usage,
                          "system_fingerprint": None, "kv_transfer_params": _kv_params(state, reqs)})

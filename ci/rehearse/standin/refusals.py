@@ -29,6 +29,8 @@ class Refusal:
     message: str
     citation: str
     at: str = "start"
+    error: str = "ValueError"              # the exception vLLM raises, as its traceback's last line names it
+    who: str = "EngineCore"                # the process that raises it
 
 
 @dataclass(frozen=True)
@@ -38,6 +40,8 @@ class Rule:
     message: Callable[[dict[str, Any], Checkpoint, Device, str], str]
     citation: str
     at: str = "start"
+    error: str = "ValueError"
+    who: str = "EngineCore"
 
 
 def _kv(args: dict[str, Any]) -> str:
@@ -52,6 +56,17 @@ def _spec(args: dict[str, Any]) -> dict[str, Any]:
     s = args.get("speculative_config")
     return s if isinstance(s, dict) else {}
 
+
+# vLLM 0.32.0's SpeculativeMethod, in the order its validation error lists them (vllm/config/speculative.py:38-83:
+# the n-gram, Medusa, MLP, draft-model, suffix and custom methods, EagleModelTypes, MTPModelTypes, then ngram_gpu,
+# dflash and dspark); fidelity-tested against the real message (tests/test_standin_fidelity.py)
+SPECULATIVE_METHODS = (
+    "ngram", "medusa", "mlp_speculator", "draft_model", "suffix", "custom_class", "eagle", "eagle3",
+    "extract_hidden_states", "deepseek_mtp", "dots3_note_mtp", "mimo_mtp", "mimo_v2_mtp", "glm4_moe_mtp",
+    "glm4_moe_lite_mtp", "glm_ocr_mtp", "ernie_mtp", "nemotron_h_mtp", "exaone_moe_mtp", "exaone4_5_mtp",
+    "qwen3_next_mtp", "qwen4_exp_mtp", "qwen3_5_mtp", "longcat_flash_mtp", "bailing_hybrid_v3_mtp", "minimax_m3_mtp",
+    "bailing_hybrid_mtp", "mtp", "kimi_k3_mtp", "pangu_ultra_moe_mtp", "step3p5_mtp", "hy_v3_mtp", "hy_v4_mtp",
+    "gemma4_mtp", "inkling_mtp", "glm5_next_mtp", "dflash", "ngram_gpu", "dspark")
 
 RULES: list[Rule] = [
     Rule("bf16 below SM80",
@@ -103,10 +118,14 @@ RULES: list[Rule] = [
          lambda a, c, d, dt: "FP8 KV cache on CPU requires x86 with AVX-512 or AMX",
          "vllm/v1/attention/backends/cpu_attn.py (FP8 KV on CPU)"),
     Rule("speculative method unknown",
-         lambda a, c, d, dt: bool(_spec(a)) and _spec(a).get("method") not in (
-             "ngram", "eagle", "eagle3", "draft_model", "mtp", "medusa", "mlp_speculator", "suffix"),
-         lambda a, c, d, dt: f"Unsupported speculative method: '{_spec(a).get('method')}'",
-         "vllm/config/speculative.py: SpeculativeConfig.__post_init__"),
+         lambda a, c, d, dt: bool(_spec(a)) and "method" in _spec(a) and _spec(a)["method"] not in SPECULATIVE_METHODS,
+         lambda a, c, d, dt: ("1 validation error for SpeculativeConfig\nmethod\n  Input should be "
+                              + ", ".join(f"'{m}'" for m in SPECULATIVE_METHODS[:-1])
+                              + f" or '{SPECULATIVE_METHODS[-1]}' [type=literal_error, input_value="
+                              f"{_spec(a)['method']!r}, input_type=str]"),
+         "vllm/config/speculative.py:73 SpeculativeMethod (a pydantic Literal, checked when "
+         "engine/arg_utils.py:2099 builds SpeculativeConfig: the API server exits before the engine starts)",
+         error="pydantic_core._pydantic_core.ValidationError", who="APIServer"),
     Rule("KV connector not in vLLM 0.32's registry",
          lambda a, c, d, dt: isinstance(a.get("kv_transfer_config"), dict) and a["kv_transfer_config"].get(
              "kv_connector") not in ("ExampleConnector", "NixlConnector", "OffloadingConnector", "LMCacheConnectorV1",
@@ -125,7 +144,7 @@ def check(args: dict[str, Any], ckpt: Checkpoint, device: Device, dtype: str, at
     """The first rule that refuses ``args`` for ``ckpt`` on ``device`` at ``at`` (None: vLLM takes them)."""
     for rule in RULES:
         if rule.at == at and rule.applies(args, ckpt, device, dtype):
-            return Refusal(rule.message(args, ckpt, device, dtype), rule.citation, rule.at)
+            return Refusal(rule.message(args, ckpt, device, dtype), rule.citation, rule.at, rule.error, rule.who)
     return None
 
 

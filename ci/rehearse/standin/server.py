@@ -236,10 +236,11 @@ def _fake_format(folder: Path) -> str | None:
 
 
 # ------------------------------------------------------------------------------------------------ start-up
-def _fail(log: Log, message: str, citation: str, who: str = "EngineCore") -> None:
-    log("ERROR", "core.py:1510", "EngineCore failed to start.", who=who)
-    log("ERROR", "core.py:1510", f"ValueError: {message}", who=who)
-    print(f"ValueError: {message}\n(stand-in: refused as vLLM 0.32 refuses it: {citation})", flush=True)
+def _fail(log: Log, message: str, citation: str, who: str = "EngineCore", error: str = "ValueError") -> None:
+    if who == "EngineCore":
+        log("ERROR", "core.py:1510", "EngineCore failed to start.", who=who)
+        log("ERROR", "core.py:1510", f"{error}: {message}", who=who)
+    print(f"{error}: {message}\n(stand-in: refused as vLLM 0.32 refuses it: {citation})", flush=True)
     raise SystemExit(1)
 
 
@@ -270,7 +271,7 @@ def startup(args: dict[str, Any], shown: dict[str, Any], log: Log) -> State:
                           frozenset(_cpu_flags()) if not m else frozenset())
     refused = refusals.check(args, ckpt, dev, dtype)
     if refused:
-        _fail(log, refused.message, refused.citation)
+        _fail(log, refused.message, refused.citation, refused.who, refused.error)
     kernel = refusals.linear_kernel(args, ckpt, dev)
     if kernel:
         verb = "Using" if kernel[1] == "CompressedTensorsWNA16" else "Selected"
