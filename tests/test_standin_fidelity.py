@@ -26,7 +26,7 @@ pytestmark = [pytest.mark.vllm,
 STANDIN = "ci.rehearse.standin"
 COUNTERS = ["vllm:prompt_tokens_total", "vllm:generation_tokens_total", "vllm:prefix_cache_queries_total",
             "vllm:prefix_cache_hits_total", "vllm:request_success_total"]
-# a pool of 5 blocks of 128 tokens (vLLM holds one back): each request below needs 2 (a 120-token prompt and 100 more),
+# a pool of 5 blocks of 128 tokens (vLLM holds one back): each request below needs 2 (a ~112-token prompt and 40 more),
 # 4 sent at once are admitted with one each and cannot all grow
 SMALL_POOL = {"max_model_len": 256, "max_num_seqs": 4}
 
@@ -98,13 +98,13 @@ def _preempting_load(srv) -> float:
     prompt = " ".join(["tokens"] * 110)
     before = metrics.scrape(srv.url)
     with ThreadPoolExecutor(4) as pool:
-        list(pool.map(lambda _: _complete(srv, prompt, 100), range(4)))
+        list(pool.map(lambda _: _complete(srv, prompt, 40), range(4)))  # ~112 + 40 tokens: past one block
     return metrics.scrape(srv.url).value("vllm:num_preemptions_total", 0.0) - \
         before.value("vllm:num_preemptions_total", 0.0)
 
 
 def test_a_pool_too_small_for_the_load_preempts_on_both(monkeypatch, tmp_path):
-    """Four requests of about 220 tokens at once in a pool of five 128-token blocks: vLLM preempts, and so must the
+    """Four requests of about 150 tokens at once in a pool of five 128-token blocks: vLLM preempts, and so must the
     stand-in (its pool sized from the same --kv-cache-memory-bytes, to the same blocks)."""
     from helpers import sizing
 
