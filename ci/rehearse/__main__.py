@@ -178,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--keep", action="store_true", help="keep the rehearsal's world (its temporary folder)")
     a = ap.parse_args(argv)
     if a.all:
-        return rehearse_all(a.labs, a.jobs, Path(a.out or ROOT / "runs" / "rehearsal"), sample=a.sample)
+        return rehearse_all(a.labs, a.jobs, Path(a.out or ROOT / "runs" / "rehearsal").resolve(), sample=a.sample)
     if not (a.profile or a.machine):
         ap.error("name a --profile, a --machine or --all")
     key = a.machine or a.profile
@@ -188,7 +188,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(str(e.args[0]))
     if a.profile and not m.profile:
         m = cards.Machine(m.key, m.card, m.count, m.driver, a.profile, m.why)
-    out = Path(a.out or ROOT / "runs" / f"rehearsal-{m.key.replace('@', '-').replace(' ', '_')}")
+    # absolute: the executor runs each lab in the lab's own folder
+    out = Path(a.out or ROOT / "runs" / f"rehearsal-{m.key.replace('@', '-').replace(' ', '_')}").resolve()
     report = rehearse(m, select(a.labs), out, keep=a.keep)
     print(f"== {'passed' if report['passed'] and not report['exit_code'] else 'FAILED'}: {out / 'report.md'}")
     if report.get("wrote_reports"):

@@ -132,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--cell-timeout", type=float, default=600.0)
     a = ap.parse_args(argv)
-    out = Path(a.out)
+    out = Path(a.out).resolve()  # each lab runs in its own folder (os.chdir): a relative path would move with it
     out.mkdir(parents=True, exist_ok=True)
     failed = 0
     for nb in a.notebooks:
