@@ -130,7 +130,7 @@ def rehearse_all(labs: str | None, jobs: int, out: Path, sample: bool = False) -
     rehearsal waits on its stand-ins' clocks most of the time, so two share a core well); a summary of all of them
     in ``out/report.md``."""
     out.mkdir(parents=True, exist_ok=True)
-    shares = {k: (cards.SAMPLE[k] if sample else labs) for k in cards.MACHINES if not sample or k in cards.SAMPLE}
+    shares = {k: cards.SAMPLE[k] for k in cards.SAMPLE} if sample else {k: labs for k in cards.MACHINES}
     pending, running, done = list(shares), {}, {}
     t0 = time.time()
     while pending or running:
