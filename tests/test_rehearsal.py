@@ -32,6 +32,7 @@ def test_a_planted_error_on_a_gpu_only_path_fails_the_rehearsal(tmp_path):
     row = report["labs"][0]
     assert not report["passed"] and row["status"] == "failed", report
     assert "KeyError" in row["error"] and "no_such_key_on_a_gpu" in row["error"], row["error"]
-    clean = _planted(tmp_path / "clean" if (tmp_path / "clean").mkdir() is None else tmp_path, "x = 1\n")
+    (tmp_path / "clean").mkdir()
+    clean = _planted(tmp_path / "clean", "x = 1\n")
     report = rehearse(cards.machine("h100"), [clean], tmp_path / "out-clean")
     assert report["passed"], report["labs"][0]

@@ -235,7 +235,6 @@ class TokenCounter:
                          "longer than that")
 
 
-@functools.lru_cache(maxsize=8)
 @functools.lru_cache(maxsize=16)
 def _counter_for(path: str | None) -> TokenCounter:
     """One counter per tokenizer path: its word table and its memos are built once, not per workload."""
