@@ -40,6 +40,9 @@ def render() -> str:
                        "The check reads values the test builds the lab's way (no `derive` cells tagged yet).")
             lines += [f"## Lab {number}: {title}", "", through, "", "| doctored measurement | fails at |", "|---|---|"]
             lines += [f"| {d.claim} | `{d.fails_at.replace('|', chr(92) + '|')}` |" for d in spec.doctors]
+            if spec.bounds:
+                lines += ["", "Where a bound faces this machine's noise, and why it is there:", ""]
+                lines += [f"- {b}" for b in spec.bounds]
             lines.append("")
     return "\n".join(lines)
 

@@ -35,7 +35,7 @@ def _lab02(p: runtime.Profile, quick: bool) -> dict[str, Any]:
             "min_gpu_memory_utilization": p.utilization if gpu(p) else None,
             "min_run_s": 0.0,
             "values": {"prompt_lengths": lengths, "batch_sizes": batches, "decode_input": dec_in,
-                       "decode_output": dec_out, "repeats": 2 if quick else 3},
+                       "decode_output": dec_out, "repeats": 3},
             "rehearsal": {"repeats": 1, "decode_output": 4},
             "checks": [fits_context(lengths[-1] + 1, p.max_model_len, "the longest prefill"),
                        gpu_fit(p, p.utilization, p.max_model_len),

@@ -126,18 +126,22 @@ class Doctor:
 class LabSpec:
     build: Callable[[Path], dict[str, Any]]
     doctors: tuple[Doctor, ...]
+    #: why each noise-facing bound of the check is where it is (from the run's own spread or N recorded runs);
+    #: ci/CHECKS.md prints them under the lab's doctors
+    bounds: tuple[str, ...] = ()
 
 
 LABS: dict[str, LabSpec] = {}
 
 
-def lab(number: str, *doctors: Doctor):
-    """Register ``build(tmp_path) -> namespace`` for lab ``number`` with its doctored measurements."""
+def lab(number: str, *doctors: Doctor, bounds: tuple[str, ...] = ()):
+    """Register ``build(tmp_path) -> namespace`` for lab ``number`` with its doctored measurements, and the reasons
+    for its bounds that face noise (``bounds``, printed in ci/CHECKS.md)."""
     def register(build: Callable[[Path], dict[str, Any]]):
         assert number not in LABS, f"two builders for lab {number}"
         claims = [d.claim for d in doctors]
         assert len(set(claims)) == len(claims), f"lab {number}: two doctors with the same claim"
-        LABS[number] = LabSpec(build, doctors)
+        LABS[number] = LabSpec(build, doctors, tuple(bounds))
         return build
     return register
 

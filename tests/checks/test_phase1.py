@@ -77,7 +77,7 @@ def _lab02_runs(ttft_ms: list[float], tpot_ms: list[float]) -> dict[str, Any]:
     """Lab 02's raw measurements: one bench run per prompt length (its TTFT median) and per batch (its TPOT median).
     The lab's derive cells build the two tables and fit the two lines from them."""
     return dict(
-        prefill_runs={L: make_run(completed=2, ttft_ms=make_dist(2, p50=t))
+        prefill_runs={L: make_run(completed=3, ttft_ms=make_dist(3, p50=t, min=0.97 * t, max=1.03 * t))
                       for L, t in zip(PROMPT_LENGTHS_02, ttft_ms)},
         decode_runs={B: make_run(completed=B, tpot_ms=make_dist(B, p50=t)) for B, t in zip(BATCH_SIZES_02, tpot_ms)})
 
@@ -87,7 +87,8 @@ def _medians02(ttft_ms: list[float] | None = None, tpot_ms: list[float] | None =
     def doctor(ns):
         for runs, key, values in ((ns["prefill_runs"], "ttft_ms", ttft_ms), (ns["decode_runs"], "tpot_ms", tpot_ms)):
             for run, value in zip(runs.values(), values or ()):
-                getattr(run.summary, key).p50 = value
+                dist = getattr(run.summary, key)
+                dist.p50, dist.min, dist.max = value, 0.97 * value, 1.03 * value
     return doctor
 
 
@@ -105,8 +106,11 @@ TPOT_02_FLAT = [81.6, 96.5, 72.7, 78.1]
             'ttft["failed"].sum() == 0'),
      Doctor("a decode request failed", lambda ns: setattr(ns["decode_runs"][8].summary, "failed", 1),
             'step["failed"].sum() == 0'),
-     Doctor("TTFT at 512 tokens above TTFT at 1,024",
-            lambda ns: setattr(ns["prefill_runs"][512].summary.ttft_ms, "p50", 9300.0), "sorted(ttft["),
+     Doctor("every TTFT at 512 tokens above every TTFT at 1,024", _medians02(ttft_ms=[2463, 3080, 9900, 9219]),
+            "hi[j] < lo[i]"),
+     # 2 EPYC cores, 128 vs 1,024 tokens: ranges of three repeats apart by more than 3x (TTFT_02)
+     Doctor("the longest prompt's TTFT within the shortest's range", _medians02(ttft_ms=[2463, 2500, 2520, 2530]),
+            "lo.iloc[-1] > hi.iloc[0]"),
      Doctor("prefill not a line (R2 0.86)", _medians02(ttft_ms=[2463, 2600, 2700, 9219]), "prefill_fit.r2 >= 0.95"),
      Doctor("fixed cost dominates TTFT at the longest prompt", _medians02(ttft_ms=[8000, 8200, 8600, 9400]),
             'ttft["per-token part"]'),
@@ -118,6 +122,10 @@ TPOT_02_FLAT = [81.6, 96.5, 72.7, 78.1]
      # = 1.8x. The fit assert implies this one whenever the line describes the points; only noise breaks it alone.
      Doctor("largest batch under 2x the tokens/s of batch 1", _medians02(tpot_ms=[100, 420, 430, 440]),
             'step["tokens/s vs batch 1"]'),
+     bounds=("TTFT's order by prompt length is judged only between lengths whose three repeats do not overlap "
+             "(each length's min and max, measured), and the longest must clear the shortest. The strict order of "
+             "two-repeat medians failed the fresh-clone run of 2026-12-07 at two neighbouring lengths, where one "
+             "doubling of a short prompt adds less than this 2-core machine's noise; no tolerance was widened.",),
      )
 def lab_02(tmp: Path, tpot_ms: list[float] = TPOT_02) -> dict[str, Any]:
     # Raw: the bench runs' medians and failures; the lab's derive cells make the tables and the fitted lines.
