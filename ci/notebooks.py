@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import re
 import sys
+import uuid
 from pathlib import Path
 
 KERNELSPEC = {"display_name": "Python 3", "language": "python", "name": "python3"}
@@ -35,9 +36,15 @@ def strip(path: Path) -> bool:
     """Remove outputs and execution counts, keep only cell tags; returns True if the file changed."""
     before = path.read_text()
     nb = json.loads(before)
+    ids = {c.get("id") for c in nb["cells"]}
     for cell in nb["cells"]:
         tags = cell.get("metadata", {}).get("tags")
         cell["metadata"] = {"tags": tags} if tags else {}
+        if not cell.get("id"):  # nbformat 4.5 requires one (a cell pasted in by hand lacks it)
+            cell["id"] = uuid.uuid4().hex[:8]
+            while cell["id"] in ids:
+                cell["id"] = uuid.uuid4().hex[:8]
+            ids.add(cell["id"])
         if cell["cell_type"] == "code":
             cell["outputs"] = []
             cell["execution_count"] = None
@@ -64,6 +71,8 @@ def check(path: Path) -> list[str]:
         problems.append("name must be NN_slug.ipynb (lower case, underscores)")
     if any(c.get("outputs") or c.get("execution_count") for c in code):
         problems.append("outputs are committed: run `make strip`")
+    if not all(c.get("id") for c in cells):
+        problems.append("a cell has no id (nbformat 4.5 requires one): run `make strip`")
     first = _source(cells[0]) if cells else ""
     if not (cells and cells[0]["cell_type"] == "markdown" and first.lstrip().startswith("# ")):
         problems.append("the first cell must be a markdown title ('# Lab NN — ...')")

@@ -51,7 +51,10 @@ def test_checker_catches_outputs_missing_tags_and_sys_path(tmp_path):
     path = tmp_path / "01_bad.ipynb"
     path.write_text(json.dumps(bad))
     problems = "\n".join(notebooks.check(path))
-    for expected in ("outputs are committed", "tagged 'parameters'", "tagged 'check'", "patches sys.path"):
+    del bad["cells"][1]["id"]
+    path.write_text(json.dumps(bad))
+    problems = "\n".join(notebooks.check(path))
+    for expected in ("outputs are committed", "tagged 'parameters'", "tagged 'check'", "patches sys.path", "has no id"):
         assert expected in problems
 
 
@@ -80,12 +83,14 @@ def test_strip_removes_outputs_and_keeps_tags(tmp_path):
     code["outputs"] = [{"output_type": "stream", "name": "stdout", "text": "x"}]
     code["execution_count"] = 3
     code["metadata"]["collapsed"] = True
+    del nb["cells"][0]["id"]
     path = tmp_path / "01_x.ipynb"
     path.write_text(json.dumps(nb))
     assert notebooks.strip(path)
     again = json.loads(path.read_text())
     cell = next(c for c in again["cells"] if "parameters" in c["metadata"].get("tags", []))
     assert cell["outputs"] == [] and cell["execution_count"] is None and cell["metadata"] == {"tags": ["parameters"]}
+    assert all(c.get("id") for c in again["cells"]) and len({c["id"] for c in again["cells"]}) == len(again["cells"])
     assert not notebooks.strip(path)  # idempotent
 
 
