@@ -99,7 +99,7 @@ def _lab09(p: runtime.Profile, quick: bool) -> dict[str, Any]:
 @register("10")
 def _lab10(p: runtime.Profile, quick: bool) -> dict[str, Any]:
     inp, out = (128, 32) if quick else (256, 64)
-    duration = 20.0 if quick else 40.0
+    duration = 12.0 if quick else 40.0
     return {"max_model_len": p.max_model_len, "max_request_tokens": max(inp + out, 1024 + 16),
             "min_gpu_memory_utilization": p.utilization if gpu(p) else None, "min_run_s": duration,
             "values": {"input_len": inp, "output_len": out, "duration_s": duration, "load_fraction": 0.8,

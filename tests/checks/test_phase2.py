@@ -458,9 +458,15 @@ def _pois10(ns):
             "naive_ttft < 0.5 * TRUE_TTFT"),
      Doctor("the naive client counted tokens right", lambda ns: ns.update(naive_events=48),
             "naive_ttft < 0.5 * TRUE_TTFT"),
+     bounds=("The steady window's rate must beat the whole span's: ramp-up and drain make the whole span low by "
+             "about (λE - 1) / (N - 1 + λE), E a lone request's E2E, so by less the longer the run. At 20 s of "
+             "arrivals (N = 53-70) the window was 3.2-7.6% faster in five runs here, and the fresh-clone CI run of "
+             "2026-12-07 measured it no faster (a slower machine: median E2E 3.0 s). The quick run was resized to "
+             "12 s, the shortest the plan's own rule allows (3 x the predicted E2E at batch 16, 3.79 s), where it was "
+             "7.4% faster (N = 42); the assert is unchanged.",),
      )
 def lab_10(tmp: Path) -> dict[str, Any]:
-    # Lab 10 on the cpu profile (quick plan: 128 in / 32 out, 20 s of arrivals at 80% of capacity, 6 warm requests,
+    # Lab 10 on the cpu profile (quick plan: 128 in / 32 out, 12 s of arrivals at 80% of capacity, 6 warm requests,
     # a client cap of 2); section 7 against the calibration server set to 200 ms TTFT, 20 ms/token, 3 tokens/event.
     # Raw: every run's summary (and /metrics view), the naive client's readings; the lab's derive cells compute the
     # warm table, pick the Poisson and evenly spaced summaries, and what the naive client counted.
