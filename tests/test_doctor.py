@@ -374,6 +374,22 @@ def test_cli_reads_the_key_from_the_environment_never_argv(page_server, monkeypa
     assert _Pages.auth[-1] == "Bearer other"
 
 
+def test_cli_bad_inputs_are_one_line_and_exit_2_and_a_404_is_not_silence(page_server, tmp_path, capsys):
+    """Exit 1 means findings: a missing run folder or log was a traceback and exit 1. A server that answers 404 on
+    /metrics is not "nothing answers"."""
+    for argv, said in ((["--run", str(tmp_path / "nope")], "not a benchmark run folder"),
+                       (["--base-url", "http://127.0.0.1:9", "--log", str(tmp_path / "x.log")], "no such file"),
+                       (["--base-url", "http://127.0.0.1:9", "--slo-ttft-ms", "-3"], "above 0 ms")):
+        assert cli(argv) == 2, argv
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and said in err, err
+    _, url = page_server
+    _Pages.pages = [window()]
+    d = doctor.diagnose(url + "/not-vllm")
+    start = next(f for f in d.findings if f.check == "start")
+    assert "something answers" in start.cause and "HTTP 404" in start.cause, start.cause
+
+
 # ----------------------------------------------------------------------------------------- real vLLM
 @pytest.mark.vllm
 @pytest.mark.skipif(not __import__("importlib").util.find_spec("vllm"), reason="needs vLLM installed")

@@ -43,6 +43,10 @@ def _slo_args(p: argparse.ArgumentParser) -> None:
 
 
 def _slo(a: argparse.Namespace):
+    for name in ("slo_ttft_ms", "slo_tpot_ms", "slo_e2e_ms"):
+        value = getattr(a, name)
+        if value is not None and not value > 0:
+            raise ValueError(f"--{name.replace('_', '-')} must be above 0 ms, got {value:g} (leave it out for no bound)")
     slo = SLO(ttft_ms=a.slo_ttft_ms, tpot_ms=a.slo_tpot_ms, e2e_ms=a.slo_e2e_ms)
     return slo if slo.is_set() else None
 
@@ -147,8 +151,40 @@ def _spec(a: argparse.Namespace):
     return VariableLength(input_len=input_len, output_len=output_len, endpoint=a.endpoint, tokenizer=a.tokenizer)
 
 
+#: The run options that are a count (>= 1) or a positive amount, and how the error names them.
+_AT_LEAST_ONE = ("num_requests", "concurrency", "max_in_flight", "num_prefixes")
+_POSITIVE = ("rate", "end_rate", "ramp_duration", "duration", "time_scale", "timeout", "sample_interval")
+_PACED = ("constant", "poisson", "ramp")
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _check_run(a: argparse.Namespace) -> None:
+    """Refuse a run's options that cannot mean what they say, in one line each, before any request is sent."""
+    for name in _AT_LEAST_ONE:
+        if getattr(a, name) is not None and getattr(a, name) < 1:
+            raise ValueError(f"{_flag(name)} must be at least 1, got {getattr(a, name)}")
+    for name in _POSITIVE:
+        if getattr(a, name) is not None and not getattr(a, name) > 0:
+            raise ValueError(f"{_flag(name)} must be above 0, got {getattr(a, name)}")
+    if a.rate is not None and a.arrivals not in _PACED:
+        raise ValueError("--rate paces --arrivals constant, poisson or ramp: " + (
+            f"--arrivals {a.arrivals} ignores it" if a.arrivals else
+            "without --arrivals a run sends one request at a time (add --arrivals poisson, say)"))
+    if a.concurrency is not None and a.arrivals != "concurrent":
+        raise ValueError(f"--concurrency is for --arrivals concurrent, not {a.arrivals or '(none)'}")
+    if a.warmup < 0:
+        raise ValueError(f"--warmup must be 0 or more, got {a.warmup}")
+
+
 def _cmd_run(a: argparse.Namespace, argv: Sequence[str]) -> int:
+    _check_run(a)
+    slo = _slo(a)
     spec = _spec(a)
+    if isinstance(spec, (FromJsonl, Trace)):
+        spec.rows()  # a missing or malformed file is named now, not after asking the server
     seed = a.seed if a.arrival_seed is None else a.arrival_seed
     if a.arrivals == "trace" or (a.arrivals is None and isinstance(spec, Trace)):
         if not isinstance(spec, Trace):
@@ -163,7 +199,7 @@ def _cmd_run(a: argparse.Namespace, argv: Sequence[str]) -> int:
     if isinstance(spec, Trace) and a.num_requests is None and a.duration is None:
         num = len(spec.rows())
     res = run(spec, arrivals, base_url=a.base_url, model=a.model, api_key=os.environ.get(a.api_key_env) or None,
-              slo=_slo(a), size=Size(num_requests=num, duration_s=a.duration, warmup=a.warmup, seed=a.seed),
+              slo=slo, size=Size(num_requests=num, duration_s=a.duration, warmup=a.warmup, seed=a.seed),
               sending=Sending(temperature=a.temperature, timeout_s=a.timeout, vllm_extras=not a.no_vllm_extras,
                               workers=a.workers),
               recording=Recording(out=a.out or True, progress=not a.no_progress, server_metrics=not a.no_server_metrics,
@@ -187,6 +223,8 @@ def _cmd_summarize(a: argparse.Namespace) -> int:
 
 
 def _cmd_compare(a: argparse.Namespace) -> int:
+    if not 0 < a.q < 1:
+        raise ValueError(f"--q is a quantile between 0 and 1 (0.99 for p99), got {a.q:g}")
     print(compare(a.dir_a, a.dir_b, metric=a.metric, q=a.q))
     return 0
 

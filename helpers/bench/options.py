@@ -39,6 +39,8 @@ class Size:
     def __post_init__(self) -> None:
         if self.num_requests is not None and self.duration_s is not None:
             raise ValueError("give num_requests= or duration_s=, not both")
+        if self.num_requests is not None and self.num_requests < 1:
+            raise ValueError(f"num_requests must be >= 1, got {self.num_requests}")
         if self.duration_s is not None and not self.duration_s > 0:
             raise ValueError(f"duration_s must be > 0 seconds, got {self.duration_s}")
         if self.warmup is not None and self.warmup < 0:

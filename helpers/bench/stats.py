@@ -375,6 +375,12 @@ class SLO:
     tpot_ms: float | None = None
     e2e_ms: float | None = None
 
+    def __post_init__(self) -> None:
+        for name in ("ttft_ms", "tpot_ms", "e2e_ms"):
+            bound = getattr(self, name)
+            if bound is not None and not bound > 0:
+                raise ValueError(f"an SLO bound is a time above 0 ms: {name}={bound} (leave it unset for no bound)")
+
     def met(self, r: RequestResult) -> bool:
         if not r.ok:
             return False

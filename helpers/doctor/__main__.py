@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from pathlib import Path
 
 from ..bench.stats import SLO
 from . import diagnose
@@ -36,9 +37,20 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     if not a.base_url and not a.run:
         ap.error("give --base-url, --run, or both")
-    slo = SLO(ttft_ms=a.slo_ttft_ms, tpot_ms=a.slo_tpot_ms) if (a.slo_ttft_ms or a.slo_tpot_ms) else None
-    d = diagnose(a.base_url, run=a.run, window_s=a.window, slo=slo, log=a.log,
-                 api_key=os.environ.get(a.api_key_env) or None)
+    try:  # a bad input is one line and exit 2; exit 1 means findings
+        if a.run and not (Path(a.run) / "requests.jsonl").is_file():
+            raise ValueError(f"--run {a.run} is not a benchmark run folder (no requests.jsonl): pass the folder "
+                             "`python -m helpers.bench run` printed")
+        if a.log and not Path(a.log).is_file():
+            raise ValueError(f"--log {a.log}: no such file")
+        if a.window < 0:
+            raise ValueError(f"--window must be 0 or more seconds, got {a.window:g}")
+        slo = SLO(ttft_ms=a.slo_ttft_ms, tpot_ms=a.slo_tpot_ms) if (a.slo_ttft_ms or a.slo_tpot_ms) else None
+        d = diagnose(a.base_url, run=a.run, window_s=a.window, slo=slo, log=a.log,
+                     api_key=os.environ.get(a.api_key_env) or None)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     print(d.to_json() if a.json else d)
     return 1 if d.findings else 0
 

@@ -458,6 +458,11 @@ def check_start(ev: Evidence) -> Finding | str:
     elif text:
         cause = "the server stopped (its log ends without an error: stopped on purpose, or killed)"
         fix = ["start it again (helpers.server.start), or `python -m helpers.server list` to see what runs"]
+    elif "answered HTTP" in (ev.unreachable_reason or ""):
+        cause = (f"something answers at this address, but not vLLM's /metrics ({ev.unreachable_reason}): another "
+                 "server on this port, a path prefix in the URL, or a gateway that does not pass /metrics")
+        fix = ["pass the vLLM server's own URL (http://host:port, as `python -m helpers.server list` prints it), or "
+               "the gateway's with a key allowed to read /metrics"]
     else:
         cause = "nothing answers at this address and no log of a server there was found"
         fix = ["start the server (helpers.server.start) and pass its URL; with a GPU, check `nvidia-smi` against "
