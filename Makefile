@@ -27,7 +27,7 @@ QVENV := .venv-quant
 QPY := $(QVENV)/bin/python
 QSTAMP := $(QVENV)/.setup-complete
 
-.PHONY: setup quant-env lab kernel tools test test-checks test-unit test-rehearsal rehearse test-labs test-labs-all model strip \
+.PHONY: setup quant-env lab kernel tools test test-unit test-rehearsal rehearse test-labs test-labs-all model strip \
         check-notebooks stop-servers clean
 
 # The two environments are independent: built side by side (on a clean 2-core machine the quantization one, about
@@ -97,16 +97,9 @@ lab: setup
 # one LABS_SESSION, and only that session's are stopped at the end (a learner's are left alone).
 # Lab 01 runs through ci/run_sequence.py, the instructor's papermill route, so that route is executed too.
 test: setup
-	$(MAKE) test-checks
+	$(MAKE) test-unit
+	$(MAKE) test-rehearsal
 	$(MAKE) test-labs
-
-# The unit tests and the GPU rehearsal side by side: neither measures speed (the stand-in's timings are simulated,
-# and unit tests assert no timings), and the unit tests leave a core idle while their servers start. Run one after
-# the other, they took 9.3 + 4.8 minutes of the fresh-clone CI run of 2026-12-07. The rehearsal's output follows.
-test-checks: setup
-	log=$$(mktemp); $(MAKE) --no-print-directory test-rehearsal REHEARSAL_JOBS=2 >$$log 2>&1 & reh=$$!; \
-	$(MAKE) --no-print-directory test-unit; unit=$$?; wait $$reh; rc=$$?; \
-	echo "== GPU rehearsal (make test-rehearsal)"; cat $$log; rm -f $$log; [ $$unit = 0 ] && [ $$rc = 0 ]
 
 # Two pytest runs side by side: the tests that start real vLLM servers (marker `vllm`) one after another, as the
 # machine's two-server limit needs, and the CPU-only tests beside them on the core a starting server leaves idle (its
@@ -122,9 +115,8 @@ test-unit: setup
 # make test runs every lab once, each on the machine ci/rehearse/cards.py's SAMPLE gives it (about 3 minutes here);
 # `make rehearse` runs every lab on all nine machines (about 15 minutes of both cores), as an instructor should before
 # a course on a new card. Reports: runs/rehearsal*/report.md.
-REHEARSAL_JOBS ?= 3
 test-rehearsal: setup
-	$(PY) -m ci.rehearse --all --sample --jobs $(REHEARSAL_JOBS) --out runs/rehearsal
+	$(PY) -m ci.rehearse --all --sample --jobs 3 --out runs/rehearsal
 
 rehearse: setup
 	$(PY) -m ci.rehearse --all --jobs 4 --out runs/rehearsal-all
