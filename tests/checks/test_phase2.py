@@ -463,7 +463,11 @@ def _pois10(ns):
              "arrivals (N = 53-70) the window was 3.2-7.6% faster in five runs here, and the fresh-clone CI run of "
              "2026-12-07 measured it no faster (a slower machine: median E2E 3.0 s). The quick run was resized to "
              "12 s, the shortest the plan's own rule allows (3 x the predicted E2E at batch 16, 3.79 s), where it was "
-             "7.4% faster (N = 42); the assert is unchanged.",),
+             "7.4% faster (N = 42); the assert is unchanged.",
+             "Poisson's p99 TTFT at least 1.2x its mean: 1.75x (N = 70) and 1.62x (N = 42) in this round's two runs "
+             "here, the evenly spaced run's 1.14-1.19x in the same runs, so the bound separates the two arrival "
+             "patterns rather than sitting under one reading. It was lowered from 1.3 after one run, with no noise "
+             "argument then: this is the argument.",),
      )
 def lab_10(tmp: Path) -> dict[str, Any]:
     # Lab 10 on the cpu profile (quick plan: 128 in / 32 out, 12 s of arrivals at 80% of capacity, 6 warm requests,

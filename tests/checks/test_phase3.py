@@ -231,6 +231,16 @@ def lab_13(tmp: Path) -> dict[str, Any]:
                 torch=torch, math=math, pd=pd, quant=quant, drift_table=drift_table)
 
 
+def test_lab13_block_quantizer_is_the_library_bit_for_bit_on_bf16_weights(tmp_path):
+    """SmolLM2's checkpoint is bf16. The lab's NVFP4 took the block maxima in float32 and computed g x amax / 6 where
+    compressed-tensors (and the library) take amax / 6 in the weights' dtype, then times g in FP32: on bf16 weights
+    the two rounded some block scales apart (and the lab returned float32). It now follows the library's order."""
+    ns = lab_13(tmp_path)
+    ns["weights"] = {k: v.to(__import__("torch").bfloat16) for k, v in ns["weights"].items()}
+    check_cell("13").run_derive(ns)
+    assert ns["same"] == {"NVFP4": True, "MXFP4": True}, ns["same"]
+
+
 W8_14, W8W_14, GPTQ_14, RTN_14, PERCH_14 = ("W8A8 INT8 (round to nearest)", "INT8 weights only (W8A8's weights, dequantized)",
                                             "W4A16 GPTQ, group 64", "W4A16 round to nearest, group 64",
                                             "INT4 round to nearest, per channel")
