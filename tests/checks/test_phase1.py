@@ -331,6 +331,13 @@ def _unmeasure(ns, name: str) -> None:
             lambda ns: ns.update(st=make_startup(*make_cpu_log(1.06, 26112, "3.19"), block_size=128, num_blocks=204)),
             "blocks_logged[0] <= st.num_blocks"),
      Doctor("the HTML sheet was not written", lambda ns: ns["paths"]["html"].unlink(), 'paths["html"].exists()'),
+     bounds=("Every measured row within 10% (the Sizing Sheet's promise), allowing the measurement's 95% interval "
+             "(`Prediction.agrees`), and TTFT's and decode's intervals narrower than 1.35x (high over low), so that "
+             "the 10% claim is tested at all (decode adds rounds until its interval is under 1.25x). Recorded: TTFT "
+             "at the 4,080-token target 7.31-8.26 s in five runs here, the fit's error -6% to +6% (the plan's "
+             "comment); the fresh-clone run of 2026-12-07 (second session) +1.3% (interval 7.47-8.43 s, 1.13x) and "
+             "decode -6.9% (1.18x). Issue 40's stricter rule (the point error within 10% with a half-width under "
+             "5%) is not built.",),
      )
 def lab_05(tmp: Path) -> dict[str, Any]:
     # Lab 05 on the cpu profile (quick plan) in float32 with the server's 204 x 128-token pool, on sizing's nominal
