@@ -379,7 +379,8 @@ def test_cli_bad_inputs_are_one_line_and_exit_2_and_a_404_is_not_silence(page_se
     /metrics is not "nothing answers"."""
     for argv, said in ((["--run", str(tmp_path / "nope")], "not a benchmark run folder"),
                        (["--base-url", "http://127.0.0.1:9", "--log", str(tmp_path / "x.log")], "no such file"),
-                       (["--base-url", "http://127.0.0.1:9", "--slo-ttft-ms", "-3"], "above 0 ms")):
+                       (["--base-url", "http://127.0.0.1:9", "--slo-ttft-ms", "-3"], "above 0 ms"),
+                       (["--base-url", "http://127.0.0.1:9", "--slo-tpot-ms", "0"], "above 0 ms")):
         assert cli(argv) == 2, argv
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and said in err, err

@@ -45,7 +45,8 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError(f"--log {a.log}: no such file")
         if a.window < 0:
             raise ValueError(f"--window must be 0 or more seconds, got {a.window:g}")
-        slo = SLO(ttft_ms=a.slo_ttft_ms, tpot_ms=a.slo_tpot_ms) if (a.slo_ttft_ms or a.slo_tpot_ms) else None
+        given = a.slo_ttft_ms is not None or a.slo_tpot_ms is not None  # 0 is refused by SLO, not read as "none"
+        slo = SLO(ttft_ms=a.slo_ttft_ms, tpot_ms=a.slo_tpot_ms) if given else None
         d = diagnose(a.base_url, run=a.run, window_s=a.window, slo=slo, log=a.log,
                      api_key=os.environ.get(a.api_key_env) or None)
     except (ValueError, FileNotFoundError) as e:
