@@ -112,11 +112,13 @@ test-unit: setup
 	wait $$cpu; rc=$$?; echo "== CPU-only tests"; cat $$log; rm -f $$log; [ $$real = 0 ] && [ $$rc = 0 ]
 
 # The GPU rehearsal (ci/rehearse): every lab executed on a GPU machine this one is not, against a vLLM stand-in.
-# make test runs every lab once, each on the machine ci/rehearse/cards.py's SAMPLE gives it (about 3 minutes here);
+# make test runs every lab once, each on the machine ci/rehearse/cards.py's SAMPLE gives it. The stand-in sleeps through
+# the card's simulated steps, so a machine's labs use a quarter of a core: six machines at a time took 163 s here
+# (288 CPU-seconds, the two cores ~90% busy) where three took 240 s;
 # `make rehearse` runs every lab on all nine machines (about 15 minutes of both cores), as an instructor should before
 # a course on a new card. Reports: runs/rehearsal*/report.md.
 test-rehearsal: setup
-	$(PY) -m ci.rehearse --all --sample --jobs 3 --out runs/rehearsal
+	$(PY) -m ci.rehearse --all --sample --jobs 6 --out runs/rehearsal
 
 rehearse: setup
 	$(PY) -m ci.rehearse --all --jobs 4 --out runs/rehearsal-all

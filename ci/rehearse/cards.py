@@ -154,16 +154,16 @@ MACHINES: dict[str, Machine] = {m.key: m for m in (
 # ``make test``'s share of the rehearsal: every lab once, each on the machine whose path through it no other machine
 # takes, in runs of consecutive labs where one lab reads what the one before it saved. The whole matrix, every lab on
 # every machine (``make rehearse``, about 15 minutes of both cores here), is more than make test's 60 minutes hold.
-SAMPLE: dict[str, str] = {  # longest first (the fresh-clone run of 2026-12-07, seconds each), so three at a time end
-    "a10g": "06-09,12",       # 145: a 24 GB card in no profile's name; lab 12 without FP8 kernels (SM86)
-    "l4": "10-11",            # 111: the slowest card's load tests: the longest simulated runs
-    "a100": "22-23",          # 107: routing, autoscaling and the postmortem with replicas at half an 80 GB card
-    "a100-40gb": "20,24",     # 93: the fleet labs' model chosen on 40 GB (Colab's A100)
-    "h200": "14-15",          # 72: six full-size builds and the gate at the second largest memory
-    "h100": "16-17",          # 68: drafting and the cost search on the instructor's card
-    "colab-t4": "01-05",      # 50: no bf16 (fp16), one prefill length in lab 05's calibration, no FP8 anywhere
-    "2xh100": "18,21",        # 42: tensor parallel over two cards; offload with a card of its own per replica
-    "b200": "13,19",          # 35: FP4 on Blackwell; experts on the card with the most memory
+SAMPLE: dict[str, str] = {  # longest first (seconds each, six at a time here on 2026-12-07), so the longest starts first
+    "a10g": "06-09,12",       # 158: a 24 GB card in no profile's name; lab 12 without FP8 kernels (SM86)
+    "l4": "10-11",            # 118: the slowest card's load tests: the longest simulated runs
+    "a100": "22-23",          # 121: routing, autoscaling and the postmortem with replicas at half an 80 GB card
+    "a100-40gb": "20,24",     # 106: the fleet labs' model chosen on 40 GB (Colab's A100)
+    "h200": "14-15",          # 83: six full-size builds and the gate at the second largest memory
+    "h100": "16-17",          # 66: drafting and the cost search on the instructor's card
+    "colab-t4": "01-05",      # 57: no bf16 (fp16), one prefill length in lab 05's calibration, no FP8 anywhere
+    "2xh100": "18,21",        # 51: tensor parallel over two cards; offload with a card of its own per replica
+    "b200": "13,19",          # 31: FP4 on Blackwell; experts on the card with the most memory
 }
 
 
