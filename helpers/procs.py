@@ -265,6 +265,12 @@ class Record:
         return _alive(self.owner_pid, self.owner_create_time)
 
     @property
+    def parker_alive(self) -> bool:
+        """Whether the process that parked this one (a notebook's kernel, say) is still running."""
+        by = self.meta.get("parked_by") or [None, None]
+        return _alive(by[0], by[1])
+
+    @property
     def url(self) -> str | None:
         return f"http://{self.host}:{self.port}" if self.host and self.port else None
 
@@ -630,6 +636,8 @@ class Proc:
             return
         self.record.parked, self.record.owner_pid, self.record.owner_create_time = True, None, None
         self.record.meta["parked_at"] = time.time()
+        # who parked it: a notebook still running may come back to its own parked servers (helpers.server's make_room)
+        self.record.meta["parked_by"] = [os.getpid(), _create_time(os.getpid())]
         self.record.save()
         self._forget()
 

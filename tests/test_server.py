@@ -707,6 +707,33 @@ def test_room_is_made_by_stopping_the_least_adopted_parked_server(fake, monkeypa
     third.terminate()
 
 
+def test_a_notebook_keeps_the_servers_it_parked_over_an_earlier_notebooks(fake, monkeypatch):
+    """Lab 24 parks its design's server to come back to it; a server an exited kernel parked (lab 22's replica,
+    adopted by lab 23: two uses to one) goes first, however often it was adopted."""
+    monkeypatch.setenv("LABS_MAX_SERVERS", "2")
+    earlier = fake(reuse=True, engine_args={"max_model_len": 2048})
+    earlier.start()
+    earlier.stop()
+    again = fake(reuse=True, engine_args={"max_model_len": 2048})
+    again.start()  # adopted: used twice
+    earlier_pid = again.pid
+    again.stop()
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    rec = next(r for r in procs.records(server.KIND) if r.pid == earlier_pid)
+    rec.meta["parked_by"] = [gone.pid, None]  # as an earlier notebook's kernel, now exited, left it
+    rec.save()
+    own = fake(reuse=True, engine_args={"max_model_len": 1024})
+    own.start()
+    own_pid = own.pid
+    own.stop()  # parked by this process, used once
+    third = fake(reuse=True, engine_args={"max_model_len": 512})
+    third.start()  # the machine is full: one parked server must go
+    assert psutil.pid_exists(own_pid) and psutil.Process(own_pid).status() != psutil.STATUS_ZOMBIE
+    assert not psutil.pid_exists(earlier_pid) or psutil.Process(earlier_pid).status() == psutil.STATUS_ZOMBIE
+    third.terminate()
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="psutil's create time reads /proc/stat's btime")
 def test_a_clock_step_neither_kills_a_live_process_on_paper_nor_hides_its_tree(monkeypatch):
     """psutil adds /proc/stat's btime, a whole second derived from the wall clock at each read, to a process's start:

@@ -101,10 +101,11 @@ class Server(Listener):
     With reuse on (``LABS_REUSE_SERVER=1``), :meth:`stop` parks a healthy server for the next :func:`start` with
     the same arguments in the same ``LABS_SESSION`` (a swappable one also serves a start that is not: its extra
     routes go unused, its weights are its own again once parked). When the machine is at its limit of servers
-    (``LABS_MAX_SERVERS``), ``make_room`` lets a start stop one of this session's parked servers first: the one
-    adopted least often, the most recently parked among equals (so a configuration many labs share outlives the
-    one-off servers started between them); before any of those, a plain server whose configuration a swappable
-    server of the session also serves.
+    (``LABS_MAX_SERVERS``), ``make_room`` lets a start stop one of this session's parked servers first: one that
+    a process now gone parked (an earlier notebook's) before one the running notebook parked and may come back to;
+    among those, the one adopted least often, the most recently parked among equals (so a configuration many labs
+    share outlives the one-off servers started between them); before any of those, a plain server whose
+    configuration a swappable server of the session also serves.
 
     A start that writes no log line and uses no CPU in its process tree for ``stall_s`` seconds is stuck (seen
     here: a process frozen in the kernel before its first line): it is stopped and started once more, long before
@@ -321,7 +322,10 @@ class Server(Listener):
                         # 11's plain one (used twice), which no swappable start can adopt; lab 13 started it again.
                         twins = {k for r in running if r.session == settings.session()
                                  for k in r.meta.get("serves", [])[1:]}
-                        parked.sort(key=lambda r: (r.key not in twins, int(r.meta.get("uses", 1)),
+                        # Then servers an exited process parked (an earlier notebook's) before those the running
+                        # one parked: lab 24 parked its design's server and its FP8-KV variant to serve its gateway's
+                        # two replicas, and lost both to lab 22's replica, adopted by lab 23 (two uses to their one).
+                        parked.sort(key=lambda r: (r.key not in twins, r.parker_alive, int(r.meta.get("uses", 1)),
                                                    -float(r.meta.get("parked_at", 0.0))))
                         for rec in parked:
                             procs.kill_tree(rec.pid, rec.create_time)
