@@ -203,6 +203,7 @@ def test_first_layers_leaves_the_rest_out_and_calibrates_in_one_pass():
         quant.first_layers("w4a16-gptq-g64", 12)
 
 
+@pytest.mark.heavy  # ~20 s of llm-compressor: run with the real-server tests (Makefile test-unit)
 def test_gptq_w4a16_g64_builds_from_the_projects_calibration_text(source):
     ckpt = quant.build("default", GPTQ_FIRST_LAYERS, samples=TEST_SAMPLES)
     cfg = json.loads((ckpt.path / "config.json").read_text())["quantization_config"]

