@@ -690,8 +690,12 @@ def _offer17(data, name: str) -> dict:
             _deliverable_edit(lambda d: _offer17(d, CONFIGS_17[0]).update(cost_per_million_output_tokens=1.0)),
             "o.cost_per_million_output_tokens == priced[o.name]", after_derive=True),
      Doctor("a reproduce command that is not the harness's",
-            _deliverable_edit(lambda d: _offer17(d, d["chosen"])["reproduce"].update(bench="curl ...")),
-            'o.reproduce["bench"].startswith', after_derive=True),
+            lambda ns: [c.update(bench="curl ...") for c in ns["commands"].values()], 'o.reproduce["bench"].startswith'),
+     Doctor("each reproduce command is the search's last probe, twice the rate found",
+            lambda ns: [c.update(bench=c["bench"].replace(f"--rate {r['max_rate_at_slo']:g}",
+                                                          f"--rate {2 * r['max_rate_at_slo']:g}"))
+                        for c, r in ((ns["commands"][n], ns["rows"][n]) for n in ns["commands"])],
+            'args[args.index("--rate") + 1]'),
      Doctor("the deliverable's gate was overwritten to say safe",
             _deliverable_edit(lambda d: d["gate"].update(safe=not d["gate"]["safe"])), 'saved.gate["safe"] == gate.safe', after_derive=True),
      Doctor("the deliverable chose a configuration its own evidence does not call the same model",
@@ -730,8 +734,11 @@ def _ns17(tmp: Path, draft_on: tuple[str, ...] = ("quantized",)) -> dict[str, An
     rows = {n: _row17(n, rates[n], floor=None if n == base else 1.0) for n in searched}
     quality = {"baseline": _quality("smollm2 float32", BASE_WRONG_15, {512: 1.0, 2048: 0.25}, None),
                "quantized": _quality(quant, BASE_WRONG_15, {512: 1.0, 2048: 0.25}, (0.004, 0.97))}
-    bench_cmd = "python -m helpers.bench run --rate 0.9 --seed 7 --base-url http://127.0.0.1:8000/v1 ..."
-    commands = {n: {"server": "python -m vllm.entrypoints.openai.api_server ... --port 8000", "bench": bench_cmd}
+    # each configuration's passing probe at its rate, as the search recorded its command (the lab aims it at port 8000)
+    commands = {n: {"server": "python -m vllm.entrypoints.openai.api_server ... --port 8000",
+                    "bench": f"python -m helpers.bench run --base-url http://127.0.0.1:8000/v1 --model smollm2 "
+                             f"--endpoint completions --input-len 128 --output-len 32 --arrivals poisson --rate "
+                             f"{rates[n]:g} --arrival-seed 7 --num-requests 40 --warmup 0 --seed 7"}
                 for n in searched}
     prov = {"vllm": {"version": "0.32.0"}, "device": {"description": CPU_DESCRIPTION}}
     return dict(
