@@ -57,6 +57,10 @@ def strip(path: Path) -> bool:
     return False
 
 
+#: A code cell a person reads at once (house style 4).
+MAX_CELL_LINES = 40
+
+
 def check(path: Path) -> list[str]:
     """Every way ``path`` breaks the house rules (empty when it follows them)."""
     problems = []
@@ -101,6 +105,10 @@ def check(path: Path) -> list[str]:
         if m:
             problems.append(f"code cell {i} branches on the device or profile ({m.group(0)!r}): one code path on every "
                             "device — take sizes from helpers.plan and what the device decides from the live server")
+    for i, c in enumerate(code):
+        if len(_source(c).splitlines()) > MAX_CELL_LINES:
+            problems.append(f"code cell {i} has {len(_source(c).splitlines())} lines (at most {MAX_CELL_LINES}): split it "
+                            "where it changes subject, or move library code into helpers/")
     if not any(WIDGET.search(_source(c)) for c in code):
         problems.append("no widget for the lab's knob: add widgets.explore(fn, knob=...) over this run's measurements")
     if nb.get("metadata", {}).get("kernelspec", {}).get("name") != "python3":

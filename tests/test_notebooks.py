@@ -48,13 +48,15 @@ def test_checker_catches_outputs_missing_tags_and_sys_path(tmp_path):
         if cell["cell_type"] == "code":
             cell["outputs"] = [{"output_type": "stream", "name": "stdout", "text": "x"}]
     bad["cells"][2]["source"] = "import sys; sys.path.append('..')"
+    bad["cells"][3]["source"] = "x = 1\n" * 41
     path = tmp_path / "01_bad.ipynb"
     path.write_text(json.dumps(bad))
     problems = "\n".join(notebooks.check(path))
     del bad["cells"][1]["id"]
     path.write_text(json.dumps(bad))
     problems = "\n".join(notebooks.check(path))
-    for expected in ("outputs are committed", "tagged 'parameters'", "tagged 'check'", "patches sys.path", "has no id"):
+    for expected in ("outputs are committed", "tagged 'parameters'", "tagged 'check'", "patches sys.path", "has no id",
+                     "has 41 lines (at most 40)"):
         assert expected in problems
 
 
