@@ -703,6 +703,12 @@ def _offer17(data, name: str) -> dict:
             after_derive=True),
      Doctor("the HTML deliverable is missing", lambda ns: ns["paths"]["html"].unlink(), 'paths["md"].exists()',
             after_derive=True),
+     bounds=("The reproduce command's --rate must equal the rate found to within 1e-5 of it: rounding, not noise. The "
+             "command records the probe's rate with 6 significant digits (`f'{rate:g}'` in helpers.bench.arrivals), a "
+             "relative error of at most 5e-6; the search's rates are a start rate doubled, halved or bisected, so after "
+             "four probes they can carry more digits than that. Set before any run (a first draft's 1e-9 would fail on "
+             "such a rate); this session's lab 17 runs passed it, and the deliverable of the fresh-clone run before "
+             "recorded each offer's --rate equal to its max_rate_at_slo (4.56, 4.56, 6.84). The doctor doubles it.",),
      )
 def lab_17(tmp: Path) -> dict[str, Any]:
     # Lab 17 on the cpu profile (quick plan: 32-token answers, SLO 90% within TTFT 2,000 ms and TPOT 200 ms), raw:
