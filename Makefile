@@ -135,7 +135,9 @@ test-labs: setup check-notebooks
 	  && $(PY) -m pytest -q -p no:cacheprovider --nbval-lax --nbval-sanitize-with ci/nbval_sanitize.cfg \
 	      --durations=30 --ignore=labs/01_one_gpu_one_model.ipynb \
 	      $(foreach n,$(LABS_OUTSIDE_MAKE_TEST),--ignore-glob='labs/$(n)_*.ipynb') labs/; \
-	  rc=$$?; $(PY) -m helpers.server stop-all --session $$session; exit $$rc
+	  rc=$$?; $(PY) -m helpers.server stop-all --session $$session; \
+	  echo "Predicted (helpers.plan.timing, cpu quick) against measured seconds:"; \
+	  $(PY) -m helpers.plan cpu --quick --measured runs/lab_seconds.json || true; exit $$rc
 
 test-labs-all:
 	$(MAKE) test-labs LABS_OUTSIDE_MAKE_TEST=

@@ -10,7 +10,14 @@ nbval. The minute, set before the cause was known, stays as margin for a busy ma
 limit (``--nbval-cell-timeout``), so a kernel that really hangs still fails.
 """
 
+import json
+import os
+from pathlib import Path
+
 OUTPUT_TIMEOUT_S = 60
+#: Where the run's seconds per notebook and cell go, for ``python -m helpers.plan cpu --quick --measured FILE`` (the
+#: plans' predicted time beside what this run measured).
+SECONDS_JSON = Path(os.environ.get("LABS_SECONDS_JSON", "runs/lab_seconds.json"))
 
 
 def pytest_collection_modifyitems(items):
@@ -22,11 +29,14 @@ def pytest_collection_modifyitems(items):
 #: Seconds each notebook's cells took (setup, call and teardown), for the summary that ends the run: what each lab
 #: costs of `make test`'s budget (ci/README.md).
 _SECONDS: dict[str, float] = {}
+_CELLS: dict[str, dict[str, float]] = {}
 
 
 def pytest_runtest_logreport(report):
-    notebook = report.nodeid.split("::")[0]
+    notebook, _, cell = report.nodeid.partition("::")
     _SECONDS[notebook] = _SECONDS.get(notebook, 0.0) + report.duration
+    cells = _CELLS.setdefault(notebook, {})
+    cells[cell] = cells.get(cell, 0.0) + report.duration
 
 
 def pytest_terminal_summary(terminalreporter):
@@ -36,3 +46,20 @@ def pytest_terminal_summary(terminalreporter):
     for notebook, seconds in _SECONDS.items():
         terminalreporter.write_line(f"{seconds / 60:6.1f}  {notebook}")
     terminalreporter.write_line(f"{sum(_SECONDS.values()) / 60:6.1f}  all {len(_SECONDS)} notebooks")
+    SECONDS_JSON.parent.mkdir(parents=True, exist_ok=True)
+    SECONDS_JSON.write_text(json.dumps({Path(n).name[:2]: {"total": round(_SECONDS[n], 1), "cells": _by_index(
+        n, _CELLS[n])} for n in _SECONDS}, indent=1))
+
+
+def _by_index(notebook: str, cells: dict[str, float]) -> dict[str, float]:
+    """nbval's "Cell k" counts code cells; the plans' time model names a cell by its index in the notebook."""
+    try:
+        index = [i for i, c in enumerate(json.loads(Path(notebook).read_text())["cells"]) if c["cell_type"] == "code"]
+    except (OSError, ValueError, KeyError):
+        return {c: round(t, 1) for c, t in cells.items()}
+    out = {}
+    for name, t in cells.items():
+        k = name.removeprefix("Cell ")
+        key = str(index[int(k)]) if k.isdigit() and int(k) < len(index) else name
+        out[key] = round(t, 1)
+    return out

@@ -94,16 +94,28 @@ def summarize(machine: cards.Machine, labs: list[Path], out: Path, world: Path, 
 
 
 def _plan_facts(lab: str, machine: cards.Machine) -> dict:
-    """The lab's plan for the rehearsed profile at full size: the disk it writes (and keeps)."""
+    """The lab's plan at full size for the profile the lab picks on the rehearsed card (its own memory, capability
+    and count): the disk it writes (and keeps), and the time it is predicted to take."""
     try:
-        from helpers import plan
+        from helpers import plan, runtime
 
-        p = plan.lab(lab, machine.profile or "h100", quick=False)
+        gpus = tuple(runtime.GPU(machine.card.name, machine.card.memory_mib / 1024, machine.card.compute_capability)
+                     for _ in range(machine.count))
+        here = runtime.Machine(is_colab=False, gpus=gpus, cpu_count=16, memory_gib=128.0)
+        p = plan.lab(lab, runtime.profile(machine.profile, machine=here), quick=False)
         d = p.disk_bytes or {}
         return {"disk_peak_gb": round(d.get("peak", 0) / 1e9, 1), "disk_kept_gb": round(d.get("kept", 0) / 1e9, 1),
-                "time_s": getattr(p, "time_s", None)}
+                "time_s": p.time_s}
     except Exception as e:  # noqa: BLE001 - the report says why, the rehearsal's verdict does not depend on it
         return {"plan_error": f"{type(e).__name__}: {e}"[:300]}
+
+
+def _minutes(t: dict | None) -> str:
+    """A lab's predicted full-size minutes and its longest cell, from its plan's ``time_s``."""
+    if not t:
+        return "?"
+    big = max(t["cells"], key=lambda c: c["s"])
+    return f"{t['total'] / 60:.1f} ({big['cell'].split(':')[0]} {big['s'] / 60:.1f})"
 
 
 def markdown(report: dict) -> str:
@@ -113,12 +125,12 @@ def markdown(report: dict) -> str:
              f"{'passed' if report['passed'] else 'FAILED'} in {report['seconds']:.0f} s. Numbers below come from the "
              "plan or a stand-in: none is a measurement.", "",
              "| lab | status | s | cells | servers (share of the card each asked for) | disk at full size (GB, kept) "
-             "| checks not judged |", "|---|---|---|---|---|---|---|"]
+             "| predicted at full size: min (longest cell) | checks not judged |", "|---|---|---|---|---|---|---|---|"]
     for r in report["labs"]:
         srv = ", ".join(f"{s.get('model_name', '?')}@{s.get('share', '?')}" for s in r["servers"]) or "-"
         lines.append(f"| {r['lab']} | {r['status']}{' at cell ' + str(r['failed_cell']) if r['failed_cell'] is not None else ''}"
                      f" | {r['seconds']} | {r['cells_run']} | {srv} | {r.get('disk_peak_gb', '?')} "
-                     f"({r.get('disk_kept_gb', '?')}) | {len(r['not_judged'])} |")
+                     f"({r.get('disk_kept_gb', '?')}) | {_minutes(r.get('time_s'))} | {len(r['not_judged'])} |")
     for r in report["labs"]:
         if r["status"] == "failed":
             lines += ["", f"## {r['lab']}: failed at cell {r['failed_cell']}", "", "```", r["error"], "```"]

@@ -27,11 +27,12 @@ from typing import Any
 
 from .. import runtime
 from . import capstone, phase1, phase2, phase3, phase4  # noqa: F401 - each registers its labs' planners
-from . import resources
+from . import lab_times, resources, timing  # noqa: F401 - lab_times registers each lab's cells
 from .core import (EFFICIENCY, GPU_OVERHEAD_GIB, LABS, TINY_MOE, TINY_TP, LabPlan, PlanError, fits_context,
                    predicted_e2e_s)
 
-__all__ = ["LabPlan", "PlanError", "lab", "plans", "disk_table", "LABS", "predicted_e2e_s", "EFFICIENCY",
+__all__ = ["LabPlan", "PlanError", "lab", "plans", "disk_table", "sequence_time", "time_table", "time_against", "LABS",
+           "predicted_e2e_s", "EFFICIENCY",
            "GPU_OVERHEAD_GIB", "TINY_TP", "TINY_MOE"]
 
 
@@ -69,6 +70,7 @@ def lab(number: str, profile: runtime.Profile | str, quick: bool | None = None) 
     if p.calibration is not None:
         p.checks.append(resources.calibration_check(p.calibration))
     p.disk_bytes = p.disk_bytes or resources.disk()
+    p.time_s = timing.lab_time(number, prof, p.values, q)
     if not p.ok:
         failed = "\n  ".join(c["claim"] for c in p.checks if not c["ok"])
         raise PlanError(f"lab {number}'s plan does not fit profile {prof.name}:\n  {failed}")
@@ -104,18 +106,101 @@ def disk_table() -> str:
     return "\n".join(rows)
 
 
+def sequence_time(profile: runtime.Profile | str, quick: bool = False) -> dict[str, Any]:
+    """The whole sequence's predicted wall seconds on ``profile``: each lab's ``time_s`` total, plus each model's
+    first download (in the first lab whose servers use it), ``{"total", "labs": {lab: s}, "downloads": {model: s},
+    "largest_cell": {"lab", "cell", "s"}}``.
+
+    Introduced in lab 01 (One GPU, One Model).
+    """
+    prof = runtime.PROFILES[profile] if isinstance(profile, str) else profile
+    labs, downloads, largest = {}, {}, {"lab": None, "cell": None, "s": 0.0}
+    for n in sorted(LABS):
+        p = lab(n, prof, quick)
+        fetch = 0.0
+        for model in dict.fromkeys([p.model] + [s["model"] for s in p.servers_on_card if s.get("model")]):
+            if model not in downloads:
+                downloads[model] = round(timing.download(prof, model), 1)
+                fetch += downloads[model]
+        labs[n] = round(p.time_s["total"] + fetch, 1)
+        for c in p.time_s["cells"]:
+            if c["s"] > largest["s"]:
+                largest = {"lab": n, "cell": c["cell"], "s": c["s"]}
+    return {"profile": prof.name, "quick": quick, "total": round(sum(labs.values()), 1), "labs": labs,
+            "downloads": downloads, "largest_cell": largest}
+
+
+def time_table() -> str:
+    """Every profile's predicted sequence, full and quick, with its price at the catalog's hourly rate, as the
+    README's Markdown table.
+
+    Introduced in lab 01 (One GPU, One Model).
+    """
+    from .. import cost
+
+    rows = ["| profile | full sequence | quick (`LABS_QUICK=1`) | longest cell (full) | at the catalog price |",
+            "|---|---|---|---|---|"]
+    for name, prof in runtime.PROFILES.items():
+        full, quick = sequence_time(prof, False), sequence_time(prof, True)
+        try:
+            usd = cost.price(prof.hardware).usd_per_hour * full["total"] / 3600  # one card the whole time
+            price = f"${usd:,.0f} full"
+        except KeyError:
+            price = "-"
+        big = full["largest_cell"]
+        rows.append(f"| {name} | {full['total'] / 3600:.1f} h | {quick['total'] / 3600:.1f} h | "
+                    f"{big['s'] / 60:.0f} min (lab {big['lab']}, {big['cell'].split(':')[0]}) | {price} |")
+    return "\n".join(rows)
+
+
+def time_against(profile: runtime.Profile | str, measured: dict[str, Any], quick: bool = True) -> str:
+    """Each lab's predicted seconds beside what a run measured (``labs/conftest.py`` writes ``{lab: {"total",
+    "cells": {index: s}}}``): the lab's total and its longest predicted cell, as a Markdown table. A run that reuses
+    servers parked by an earlier lab (``LABS_REUSE_SERVER=1``) measures fewer starts than the plan counts.
+
+    Introduced in lab 01 (One GPU, One Model).
+    """
+    rows = ["| lab | predicted s | measured s | measured / predicted | longest predicted cell: predicted, measured s |",
+            "|---|---|---|---|---|"]
+    pred_sum = meas_sum = 0.0
+    for n in sorted(measured):
+        if n not in LABS:
+            continue
+        t, m = lab(n, profile, quick).time_s, measured[n]
+        big = max(t["cells"][:-1] or t["cells"], key=lambda c: c["s"])
+        idx = big["cell"].split(":")[0].removeprefix("cell ").strip()
+        at = m["cells"].get(idx, "-")
+        pred_sum, meas_sum = pred_sum + t["total"], meas_sum + m["total"]
+        rows.append(f"| {n} | {t['total']:.0f} | {m['total']:.0f} | {m['total'] / max(t['total'], 1e-9):.2f} | "
+                    f"{big['cell']}: {big['s']:.0f}, {at} |")
+    rows.append(f"| all | {pred_sum:.0f} | {meas_sum:.0f} | {meas_sum / max(pred_sum, 1e-9):.2f} | |")
+    return "\n".join(rows)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="labs-plan", description=__doc__.split("\n\n")[0])
     ap.add_argument("profile", choices=sorted(runtime.PROFILES), nargs="?")
     ap.add_argument("--quick", action="store_true", help="the CI-sized plans (LABS_QUICK=1)")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--disk", action="store_true", help="the disk every profile's labs need (the README's table)")
+    ap.add_argument("--time", action="store_true", help="every profile's predicted sequence time (the README's table)")
+    ap.add_argument("--measured", metavar="FILE", help="the profile's predicted time per lab beside a run's seconds "
+                    "(the JSON make test-labs writes: runs/lab_seconds.json)")
     a = ap.parse_args(argv)
-    if a.disk:
-        print(disk_table())
+    if a.disk or a.time:
+        print(disk_table() if a.disk else time_table())
         return 0
     if a.profile is None:
-        ap.error("name a profile (or --disk)")
+        ap.error("name a profile (or --disk, --time)")
+    if a.measured:
+        try:
+            measured = json.loads(open(a.measured).read())
+        except (OSError, ValueError) as e:
+            print(f"error: cannot read {a.measured} ({e}): run make test-labs first, or name the file it wrote",
+                  file=sys.stderr)
+            return 2
+        print(time_against(a.profile, measured, a.quick))
+        return 0
     try:
         out = plans(a.profile, a.quick)
     except PlanError as e:

@@ -38,6 +38,7 @@ class LabPlan:
     asks the server for, served here or not and why), ``disk_bytes`` (what it writes: ``peak``, ``kept`` after
     it, ``items``), ``calibration`` (text a quantization build packs, against what ships; ``None``: no build),
     ``servers_on_card`` (the servers it runs at once and each one's KV bytes) and ``tools`` (outside its packages).
+    ``time_s``: the wall seconds it is predicted to take here, ``{"total", "cells"}`` (:mod:`helpers.plan.timing`).
 
     Introduced in lab 01 (One GPU, One Model).
     """
@@ -56,6 +57,7 @@ class LabPlan:
     calibration: dict[str, Any] | None = None
     servers_on_card: list[dict[str, Any]] = field(default_factory=list)
     tools: list[dict[str, str]] = field(default_factory=list)
+    time_s: dict[str, Any] = field(default_factory=dict)
 
     def __getitem__(self, key: str) -> Any:
         return self.values[key]
@@ -128,16 +130,17 @@ def hardware(profile: runtime.Profile) -> sizing.Hardware:
 
 
 def predicted_e2e_s(profile: runtime.Profile, prompt: int, output: int, batch: int = 1,
-                    model: str | None = None) -> float:
-    """A request's end-to-end seconds as the roofline predicts it at :data:`EFFICIENCY` of the hardware's peak:
-    one prefill of ``prompt`` tokens, then ``output`` decode steps shared with ``batch - 1`` others.
+                    model: str | None = None, efficiency: float = EFFICIENCY) -> float:
+    """A request's end-to-end seconds as the roofline predicts it at ``efficiency`` of the hardware's peak
+    (:data:`EFFICIENCY`, conservative, by default): one prefill of ``prompt`` tokens, then ``output`` decode steps
+    shared with ``batch - 1`` others.
 
     Introduced in lab 01 (One GPU, One Model).
     """
     cfg = sizing.load_config(model, dtype=profile.dtype) if model else model_config(profile)
     hw = hardware(profile)
-    pre = sizing.prefill_time(cfg, hw, max(prompt, 1), efficiency=EFFICIENCY).time
-    step = sizing.decode_step_time(cfg, hw, max(batch, 1), prompt + output // 2, efficiency=EFFICIENCY).time
+    pre = sizing.prefill_time(cfg, hw, max(prompt, 1), efficiency=efficiency).time
+    step = sizing.decode_step_time(cfg, hw, max(batch, 1), prompt + output // 2, efficiency=efficiency).time
     return pre + output * step
 
 
