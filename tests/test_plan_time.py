@@ -5,7 +5,10 @@ three hours (issue 38: a sequence an instructor can afford)."""
 from __future__ import annotations
 
 import functools
+import json
 import math
+import re
+from pathlib import Path
 
 import pytest
 
@@ -81,7 +84,22 @@ def test_the_measured_table_names_each_lab(tmp_path):
 
 
 def test_the_readme_states_the_predicted_time():
-    from pathlib import Path
-
     assert plan.time_table() in (Path(__file__).parents[1] / "README.md").read_text(), \
         "README's time table is stale: paste `python -m helpers.plan --time`"
+
+
+#: What a cell that does work calls: a server, the load generator, a build, an evaluation, a request, a search.
+WORK = re.compile(r"server\.|bench\.|quant\.|evals\.|fleet\.|serve|start|run\(|measure|probe|requests|build|"
+                  r"tokeniz|search|settle|completions|sweep|subprocess")
+
+
+def test_each_named_cell_is_a_working_code_cell_of_its_notebook():
+    """The time model names cells by their index in the notebook: a notebook edited under it (a cell split or moved)
+    must move the names too, or the predictions and the measured seconds stop meeting."""
+    labs = Path(__file__).parents[1] / "labs"
+    for n in sorted(plan.LABS):
+        cells = json.loads(next(labs.glob(f"{n}_*.ipynb")).read_text())["cells"]
+        for c in plan.lab(n, "h100").time_s["cells"][:-1]:
+            i = int(c["cell"].split(":")[0].removeprefix("cell "))
+            assert i < len(cells) and cells[i]["cell_type"] == "code", f"lab {n}: {c['cell']!r} is no code cell"
+            assert WORK.search("".join(cells[i]["source"])), f"lab {n}: {c['cell']!r} names a cell that does no work"
