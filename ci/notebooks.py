@@ -32,14 +32,21 @@ def _source(cell: dict) -> str:
     return "".join(src) if isinstance(src, list) else src
 
 
+#: The cell metadata a committed notebook keeps: tags (papermill's parameters, the self-test's checks) and a heading
+#: JupyterLab shows collapsed (the self-test, out of the lesson's way).
+KEPT_METADATA = ("tags", "jp-MarkdownHeadingCollapsed")
+#: The heading the self-test sits under, collapsed, before its first check cell.
+SELF_TEST = "## Self-test"
+
+
 def strip(path: Path) -> bool:
-    """Remove outputs and execution counts, keep only cell tags; returns True if the file changed."""
+    """Remove outputs and execution counts, keep only :data:`KEPT_METADATA`; returns True if the file changed."""
     before = path.read_text()
     nb = json.loads(before)
     ids = {c.get("id") for c in nb["cells"]}
     for cell in nb["cells"]:
-        tags = cell.get("metadata", {}).get("tags")
-        cell["metadata"] = {"tags": tags} if tags else {}
+        meta = cell.get("metadata", {})
+        cell["metadata"] = {k: meta[k] for k in KEPT_METADATA if meta.get(k)}
         if not cell.get("id"):  # nbformat 4.5 requires one (a cell pasted in by hand lacks it)
             cell["id"] = uuid.uuid4().hex[:8]
             while cell["id"] in ids:
@@ -92,6 +99,16 @@ def check(path: Path) -> list[str]:
         problems.append("exactly one cell must be tagged 'parameters'")
     if "check" not in tags:
         problems.append("the closing check cell must be tagged 'check'")
+    else:
+        first_check = next(i for i, c in enumerate(cells) if "check" in c.get("metadata", {}).get("tags", []))
+        heads = [i for i, c in enumerate(cells) if c["cell_type"] == "markdown" and _source(c).startswith(SELF_TEST)]
+        if len(heads) != 1 or heads[0] > first_check:
+            problems.append(f"the check cells must sit under one '{SELF_TEST}' heading, after the lesson")
+        elif not cells[heads[0]].get("metadata", {}).get("jp-MarkdownHeadingCollapsed"):
+            problems.append(f"the '{SELF_TEST}' heading must be collapsed (metadata jp-MarkdownHeadingCollapsed)")
+    params = [c for c in code if "parameters" in c.get("metadata", {}).get("tags", [])]
+    if params and re.search(r"papermill|make test|CI-sized|CI overrides?|\bin CI\b", _source(params[0])):
+        problems.append("the parameters cell speaks of the test runner (papermill, CI, make test): speak to the learner")
     if code and not re.search(r"\.stop\(|stop_all\(|stop_owned\(|stop_replicas\(", _source(code[-1])):
         problems.append("the last code cell must stop the server")
     for c in code:

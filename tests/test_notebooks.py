@@ -96,6 +96,24 @@ def test_strip_removes_outputs_and_keeps_tags(tmp_path):
     assert not notebooks.strip(path)  # idempotent
 
 
+def test_checker_wants_the_self_test_collapsed_under_its_heading_and_a_parameters_cell_in_lesson_words(tmp_path):
+    nb = json.loads(LABS[1].read_text())
+    head = next(c for c in nb["cells"] if "".join(c["source"]).startswith(notebooks.SELF_TEST))
+    head["metadata"] = {}
+    params = next(c for c in nb["cells"] if "parameters" in c["metadata"].get("tags", []))
+    params["source"] = "# papermill and CI override them\n" + "".join(params["source"])
+    path = tmp_path / LABS[1].name
+    path.write_text(json.dumps(nb))
+    problems = "\n".join(notebooks.check(path))
+    assert "must be collapsed" in problems and "speaks of the test runner" in problems
+    head["source"] = "## Check: asserted"  # no self-test heading at all
+    path.write_text(json.dumps(nb))
+    assert "must sit under one '## Self-test' heading" in "\n".join(notebooks.check(path))
+    kept = tmp_path / "kept.ipynb"
+    kept.write_text(LABS[1].read_text())
+    assert not notebooks.strip(kept), "strip keeps the self-test heading's collapse"
+
+
 def test_run_sequence_selects_labs_by_number():
     labs = [Path(f"{n:02d}_x.ipynb") for n in range(1, 12)]
     assert [p.name[:2] for p in run_sequence.select(labs, "01-03,09")] == ["01", "02", "03", "09"]

@@ -118,3 +118,14 @@ def test_make_tests_rehearsal_runs_every_lab_once_on_machines_that_exist():
     assert sorted(labs) == sorted(p.name[:2] for p in select(None)), labs
     assert set(cards.SAMPLE) <= set(cards.MACHINES)
     assert {cards.MACHINES[k].count for k in cards.SAMPLE} >= {1, 2}  # lab 18's two-GPU path among them
+
+
+def test_knobs_table_says_where_each_value_came_from():
+    p = plan.lab("08", "cpu", quick=True)
+    ns = {"BUDGETS": None, "LONG_PROMPT": 512}
+    p.fill(ns, "BUDGETS", "LONG_PROMPT")
+    t = p.knobs()
+    assert list(t.index) == ["BUDGETS", "LONG_PROMPT"]
+    assert t.loc["BUDGETS", "from"] == "this device's plan" and t.loc["BUDGETS", "value"] == repr(p["budgets"])
+    assert t.loc["LONG_PROMPT", "from"].startswith("you") and t.loc["LONG_PROMPT", "value"] == "512"
+    assert "_filled" not in p.as_dict()

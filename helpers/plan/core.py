@@ -80,9 +80,24 @@ class LabPlan:
         unset = [k for k in knobs if k not in namespace]
         if unset:
             raise NameError(f"{', '.join(unset)} not defined: run the parameters cell first")
+        self._filled = {}
         for k in knobs:
-            if namespace[k] is None:
+            mine = namespace[k] is None
+            if mine:
                 namespace[k] = copy.deepcopy(self.values[k.lower()])
+            self._filled[k] = (namespace[k], "this device's plan" if mine else "you (the parameters cell)")
+
+    def knobs(self) -> Any:
+        """The knobs :meth:`fill` resolved, as the table a lab shows after its setup: each one's value and where it
+        came from (this device's plan, or the parameters cell). Long values are cut to a line.
+
+        Introduced in lab 01 (One GPU, One Model).
+        """
+        import pandas as pd
+
+        filled = getattr(self, "_filled", {})
+        rows = [{"knob": k, "value": _one_line(v), "from": src} for k, (v, src) in filled.items()]
+        return pd.DataFrame(rows, columns=["knob", "value", "from"]).set_index("knob")
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -107,6 +122,11 @@ class LabPlan:
         """One line per format the lab asks for that this device does not serve, with why (a lab prints them
         before it starts, and skips those parts)."""
         return [f"not served on this device: {f['name']}: {f['why']}" for f in self.formats if not f["supported"]]
+
+
+def _one_line(value: Any, width: int = 90) -> str:
+    text = repr(value)
+    return text if len(text) <= width else text[:width - 1] + "…"
 
 
 Planner = Callable[[runtime.Profile, bool], dict[str, Any]]
