@@ -430,7 +430,7 @@ def _t20(p, v, quick):
                 st["lead_s"] + st["long_prompts"] * every + on_m(long, 8)) + st["long_prompts"] * long * 2 * kv
     return [cell("cell 6: prefill and decode servers started together, and the router", start(p, m) + 5.0),
             cell("cell 10: each prompt length through P/D and on one server", paths),
-            cell("cell 17: streams stalled by long prompts, one server then P/D", 2 * burst)]
+            cell("cell 18: streams stalled by long prompts, one server then P/D", 2 * burst)]
 
 
 def _drain(p, seconds, prompt, output, concurrency, model):
