@@ -37,8 +37,8 @@ def _t02(p, v, quick):
     prefill = sum(requests(p, reps + (L == lens[0]), L, 1) for L in lens)
     decode = sum(requests(p, B * reps, v["decode_input"], v["decode_output"], B) for B in v["batch_sizes"])
     return [cell("cell 4: start the server", start(p)),
-            cell("cell 10: prefill sweep (repeats x each prompt length)", prefill),
-            cell("cell 13: decode sweep (repeats waves of each batch size)", decode)]
+            cell("cell 11: prefill sweep (repeats x each prompt length)", prefill),
+            cell("cell 14: decode sweep (repeats waves of each batch size)", decode)]
 
 
 @times("03")
