@@ -155,7 +155,7 @@ def _t09(p, v, quick):
     # shared prefix: the warmup (disjoint) and the first request miss, the rest prefill only the suffix
     shared = requests(p, 2, L, out) + requests(p, n - 1, suffix, out)
     return [cell("cell 4: start the server", start(p)),
-            cell("cell 10: three workloads, one at a time", shared + 2 * requests(p, n + 1, L, out))]
+            cell("cell 11: three workloads, one at a time", shared + 2 * requests(p, n + 1, L, out))]
 
 
 @times("10")
