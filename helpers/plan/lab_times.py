@@ -21,6 +21,7 @@ from .phase3 import CALIBRATED, RECIPE_FORMATS
 from .timing import (CPU_START_S, DISK_BPS, EXPECTED_EFFICIENCY, GPU_START_S, build, cell, e2e, requests, run, start,
                      times, tokenize)
 
+
 @times("01")
 def _t01(p, v, quick):
     q = 64  # the question in its chat template: under the plan's 64-token bound
@@ -52,6 +53,7 @@ def _t03(p, v, quick):
 @times("04")
 def _t04(p, v, quick):
     designs = v["designs"]
+
     def cfg(d):  # the tiny model's config
         return str(settings.data_dir() / "tiny" / f"{d}.json")
 
@@ -71,6 +73,7 @@ def _t05(p, v, quick):
     # decode rounds (decode_rounds of them; up to decode_max_rounds while the CI is wide) resend each length's
     # rep-0 prompt: its prefill is cached, only the decode counts, plus one prefill of a length not swept above
     dlens = sorted({round(ctx * f / 256) * 256 for f in (1 / 4, 1 / 2, 3 / 4)} | {prompt})
+
     def dec(L):
         return e2e(p, L, co) - e2e(p, L, 0)
 
@@ -192,6 +195,7 @@ QUANT_PER_S_PER_CORE, GPU_HOST_CORES = 1e7, 16
 
 def _quant_per_s(p):
     return QUANT_PER_S_PER_CORE * (GPU_HOST_CORES if gpu(p) else p.devices)
+
 
 #: helpers.quant.build's defaults: a recipe without "samples" calibrates on 64 rows of 256 tokens.
 SAMPLES, SEQ_LEN = 64, 256

@@ -145,7 +145,10 @@ def tokenize(tokens: float) -> float:
 
 
 def cell(name: str, seconds: float) -> dict[str, Any]:
-    """One cell's predicted seconds, named for what it does."""
+    """One cell's predicted seconds, named by its index in the notebook and what it does (``"cell 13: ..."``).
+
+    Introduced in lab 01 (One GPU, One Model).
+    """
     return {"cell": name, "s": round(float(seconds), 1)}
 
 
