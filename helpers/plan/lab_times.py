@@ -86,6 +86,14 @@ def _t05(p, v, quick):
             cell("cell 18: calibration + target requests, then decode rounds", sweep + rounds)]
 
 
+def _pacing(t_pre_s, t_step_s, **kw):
+    """The long prompts' spacing (s) and the decoders' output, as ``bench.stall_pacing`` sets them in labs 08, 20 and
+    24, from a predicted prefill and decode step instead of measured ones."""
+    from ..bench import stall_pacing  # imported here: helpers.bench costs half a second to import, plans need it rarely
+
+    return stall_pacing(t_pre_s * 1e3, t_step_s * 1e3, **kw)
+
+
 def _step_s(p, prompt, batch):
     """One decode step of ``batch`` requests at about ``prompt`` tokens of context (the roofline's)."""
     return e2e(p, prompt, 1, batch) - e2e(p, prompt, 0, batch)
@@ -134,9 +142,9 @@ def _t07(p, v, quick):
 def _t08(p, v, quick):
     L, D, K, lead = v["long_prompt"], v["decoders"], v["long_prompts"], v["lead_s"]
     t_pre, t_step = e2e(p, L, 0), _step_s(p, 80, D)
-    # cell 7's pacing (bench.stall_pacing) from the two measurements of cell 6
-    every = max(v["prompt_every_s"], 2 * t_pre)
-    dec_out = max(v["decode_output"], min(p.max_model_len - 72, math.ceil((lead + K * every) / t_step)))
+    # cell 7's pacing from the two measurements of cell 6
+    every, dec_out = _pacing(t_pre, t_step, long_prompts=K, lead_s=lead, max_output=p.max_model_len - 72,
+                             min_every_s=v["prompt_every_s"], min_output=v["decode_output"])
 
     def load(b):  # the decoders' run, stalled by each long prompt's prefill (one decode step per chunk)
         return max(e2e(p, 64, dec_out, D), lead + K * every) + K * (t_pre + math.ceil(L / b) * t_step)
@@ -428,9 +436,9 @@ def _t20(p, v, quick):
     budget = int(p.engine_args.get("max_num_batched_tokens", 2048))
     long = min(v["prompt_lengths"][-1], budget - st["decoders"]) // 16 * 16
     t_pre, t_step = on_m(long, 1), (on_m(64, 65) - on_m(64, 1)) / 64
-    every = st["spacing"] * t_pre
-    dec_out = max(st["min_output"], min(st["max_output"], -(-(st["lead_s"] + st["long_prompts"] * every) // t_step)))
-    burst = max(on_m(64, int(dec_out), st["decoders"]) + st["long_prompts"] * t_pre,
+    every, dec_out = _pacing(t_pre, t_step, long_prompts=st["long_prompts"], lead_s=st["lead_s"],
+                             spacing=st["spacing"], max_output=st["max_output"], min_output=st["min_output"])
+    burst = max(on_m(64, dec_out, st["decoders"]) + st["long_prompts"] * t_pre,
                 st["lead_s"] + st["long_prompts"] * every + on_m(long, 8)) + st["long_prompts"] * long * 2 * kv
     return [cell("cell 6: prefill and decode servers started together, and the router", start(p, m) + 5.0),
             cell("cell 10: each prompt length through P/D and on one server", paths),
@@ -489,15 +497,16 @@ def _t23(p, v, quick):
 
 
 def _stall_burst(p, v):
-    """One bench.stall_load: long prompts paced as bench.stall_pacing does from a predicted prefill and step; the
-    decoders outlast the last prompt, plus about one prefill they stall for."""
+    """One bench.stall_load as lab 24 paces it (cell 27) from a predicted prefill and step; the decoders outlast the
+    last prompt, plus about one prefill they stall for."""
     st, tpot = v["stall"], v["slo"]["tpot_p99_ms"] / 1e3
     L, d = st["long_prompt"], st["decoders"]
     pre = e2e(p, L, 1)
     step = (e2e(p, 64, 32, d) - e2e(p, 64, 0, d)) / 32
     chunk = max(16, int((0.7 * tpot - step) / pre * L) // 16 * 16)
     chunked = math.ceil(L / chunk) * (step + pre * min(chunk, L) / L)
-    every = st["spacing"] * max(pre, chunked)
+    every, _ = _pacing(pre, step, long_prompts=st["long_prompts"], lead_s=st["lead_s"], spacing=st["spacing"],
+                       max_output=st["max_output"], min_every_s=st["spacing"] * chunked)
     return st["lead_s"] + st["long_prompts"] * every + pre
 
 
